@@ -1,0 +1,37 @@
+# The README's two commands: `make demo` and `make test`. Both set up .venv on a fresh machine.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.hybridrl-installed
+# Per-test timeout (s): a hung gloo/torchrun/Ray job must fail, not hang CI.
+TEST_TIMEOUT ?= 600
+
+.PHONY: setup demo test test-fast lint gpu-bundle clean
+
+setup: $(STAMP)
+
+$(STAMP): setup.py
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	# CPU torch where none is present: a bare `torch` requirement would pull a multi-GB CUDA build.
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+demo: setup
+	$(BIN)/python -m hybridrl.trainer.demo
+
+test: setup
+	$(BIN)/python -m pytest -q tests --timeout=$(TEST_TIMEOUT) -p no:cacheprovider
+
+test-fast: setup
+	$(BIN)/python -m pytest -q tests/unit --timeout=$(TEST_TIMEOUT) -p no:cacheprovider
+
+lint: setup
+	$(BIN)/ruff check hybridrl adapters tests benchmarks examples
+
+# Offline bundle of vLLM, megatron-core and Ray for the GPU host (../shared/notes/gpu-host.md).
+gpu-bundle:
+	bash ../shared/gpu/build-bundle.sh .gpu
+
+clean:
+	rm -rf $(VENV) *.egg-info demo_out

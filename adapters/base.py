@@ -1,0 +1,102 @@
+"""The interface between the trainer and a model backend.
+
+Batches are DataProto with verl's keys (B samples, P prompt tokens left-padded, R response tokens
+right-padded, T = P + R):
+    input_ids [B, T], attention_mask [B, T] (1 on real tokens), position_ids [B, T],
+    responses [B, R], response_mask [B, R] (1 on generated tokens up to and including EOS),
+    old_log_probs [B, R], ref_log_prob [B, R], rollout_log_probs [B, R] (optional, for TIS),
+    advantages [B, R], values [B, R], returns [B, R].
+meta_info carries per-batch values such as `temperature` (applied to logits exactly as the rollout did).
+
+Every method is collective over the role's ranks (SPMD): all tp/pp/dp ranks call it with their dp
+slice; results are meaningful on collecting ranks (tp rank 0 on the last pipeline stage), which
+`dispatch_info()` names for the controller's mesh-aware dispatch.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+
+from hybridrl.protocol import DataProto
+
+WeightBucket = list[tuple[str, torch.Tensor]]  # (HuggingFace name, full unsharded tensor)
+
+
+@dataclass(frozen=True)
+class DispatchInfo:
+    dp_rank: int
+    dp_size: int
+    is_collect: bool
+
+
+@dataclass(frozen=True)
+class OffloadReport:
+    params_bytes: int = 0
+    grads_bytes: int = 0
+    optimizer_bytes: int = 0
+    seconds: float = 0.0
+
+    @property
+    def total_bytes(self) -> int:
+        return self.params_bytes + self.grads_bytes + self.optimizer_bytes
+
+
+class ActorModel(ABC):
+    """The policy (or, built without an optimizer, the frozen reference)."""
+
+    @abstractmethod
+    def dispatch_info(self) -> DispatchInfo: ...
+
+    @abstractmethod
+    def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False) -> DataProto:
+        """Log-probs [B, R] of `responses` (key `log_probs`; `entropys` too if asked) at meta temperature."""
+
+    @abstractmethod
+    def update_policy(self, data: DataProto) -> dict[str, float]:
+        """One PPO update over the batch's mini-batches; returns actor/* metrics."""
+
+    @abstractmethod
+    def export_weights(self, bucket_bytes: int) -> Iterator[WeightBucket]:
+        """Stream the full model as HF-named tensors in buckets of about `bucket_bytes` (collective)."""
+
+    @abstractmethod
+    def offload(self, params: bool, grads: bool, optimizer: bool) -> OffloadReport: ...
+
+    @abstractmethod
+    def onload(self, params: bool, grads: bool, optimizer: bool) -> OffloadReport: ...
+
+    @abstractmethod
+    def save_checkpoint(self, path: str) -> None: ...
+
+    @abstractmethod
+    def load_checkpoint(self, path: str) -> None: ...
+
+
+class CriticModel(ABC):
+    """The value model: same builder as the actor, with a scalar value head."""
+
+    @abstractmethod
+    def dispatch_info(self) -> DispatchInfo: ...
+
+    @abstractmethod
+    def compute_values(self, data: DataProto) -> DataProto:
+        """Values [B, R] (key `values`) at the response positions."""
+
+    @abstractmethod
+    def update_critic(self, data: DataProto) -> dict[str, float]:
+        """One clipped value-loss update; returns critic/* metrics."""
+
+    @abstractmethod
+    def offload(self, params: bool, grads: bool, optimizer: bool) -> OffloadReport: ...
+
+    @abstractmethod
+    def onload(self, params: bool, grads: bool, optimizer: bool) -> OffloadReport: ...
+
+    @abstractmethod
+    def save_checkpoint(self, path: str) -> None: ...
+
+    @abstractmethod
+    def load_checkpoint(self, path: str) -> None: ...

@@ -1,0 +1,54 @@
+"""Hydra-style command lines as verl users type them.
+
+    python -m hybridrl.trainer.main_ppo [--config-name NAME] [--config-path DIR] [--cfg job] key=value ...
+
+`--cfg job` prints the resolved config as YAML and exits (after validating it; problems go to stderr
+with a non-zero exit).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from .loader import ConfigError, load_config, to_yaml
+from .validate import RunConfig, validate
+
+
+@dataclass(frozen=True)
+class CommandLine:
+    overrides: list[str]
+    config_name: Optional[str]
+    config_path: Optional[str]
+    cfg_mode: Optional[str]
+
+
+def parse_command_line(argv: Sequence[str], default_config: str = "ppo_trainer") -> CommandLine:
+    parser = argparse.ArgumentParser(add_help=True, description="key=value overrides follow verl's config keys")
+    parser.add_argument("--config-name", "-cn", default=default_config)
+    parser.add_argument("--config-path", "-cp", default=None)
+    parser.add_argument("--cfg", "-c", choices=["job", "all"], default=None, help="print the resolved config and exit")
+    args, rest = parser.parse_known_args(list(argv))
+    unknown = [a for a in rest if a.startswith("-") and not a.startswith("~")]
+    if unknown:
+        parser.error(f"unrecognized options {unknown}; config values are passed as key=value")
+    return CommandLine(rest, args.config_name, args.config_path, args.cfg)
+
+
+def load_run(argv: Sequence[str], default_config: str = "ppo_trainer") -> tuple[CommandLine, RunConfig]:
+    """Parse, compose and validate; on a config mistake print it and exit with status 2."""
+    cl = parse_command_line(argv, default_config)
+    try:
+        cfg = load_config(cl.overrides, cl.config_name, cl.config_path)
+        if cl.cfg_mode:
+            sys.stdout.write(to_yaml(cfg))
+            sys.stdout.flush()
+        run = validate(cfg)
+    except ConfigError as e:
+        print(f"hybridrl: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if cl.cfg_mode:
+        print("# derived:\n# " + run.summary().replace("\n", "\n# "), file=sys.stderr)
+        raise SystemExit(0)
+    return cl, run

@@ -1,0 +1,74 @@
+"""actor_rollout_ref.{model,actor,ref}.*: the policy, its optimizer and the frozen reference."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from .common import CheckpointConfig, CustomClsConfig, MegatronConfig, OptimConfig, doc, follow_actor_layout, link
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    path: str = doc("HuggingFace model folder (config.json + safetensors) or GGUF folder.", "~/models/deepseek-llm-7b-chat")
+    custom_chat_template: Optional[str] = None
+    external_lib: Optional[str] = None
+    override_config: dict[str, Any] = doc("Overrides applied to the HF config before building.", factory=dict)
+    enable_gradient_checkpointing: bool = doc("Full activation recompute in Megatron.", False)
+    use_remove_padding: bool = False
+    use_fused_kernels: bool = False
+    trust_remote_code: bool = False
+    lora_rank: int = 0
+    gguf_file: Optional[str] = doc("GGUF file inside `path` to load (dequantized to float).", None)
+
+
+@dataclass(frozen=True)
+class PolicyLossConfig:
+    loss_mode: str = doc("Registered policy loss: vanilla | gspo | a user-registered name.", "vanilla")
+    clip_cov_ratio: float = 0.0002
+    clip_cov_lb: float = 1.0
+    clip_cov_ub: float = 5.0
+    kl_cov_ratio: float = 0.0002
+    ppo_kl_coef: float = 0.1
+
+
+@dataclass(frozen=True)
+class ActorConfig:
+    strategy: str = "megatron"
+    ppo_mini_batch_size: int = doc("Prompts per optimizer step (multiplied by rollout.n into samples).", 256)
+    ppo_micro_batch_size: Optional[int] = doc("Deprecated global micro batch; prefer ppo_micro_batch_size_per_gpu.", None)
+    ppo_micro_batch_size_per_gpu: Optional[int] = doc("Samples per forward/backward on one data-parallel rank.", None)
+    use_dynamic_bsz: bool = doc("Pack micro-batches up to ppo_max_token_len_per_gpu tokens.", False)
+    ppo_max_token_len_per_gpu: int = 16384
+    clip_ratio: float = 0.2
+    clip_ratio_low: Optional[float] = doc("Lower clip; null: clip_ratio.", None)
+    clip_ratio_high: Optional[float] = doc("Upper clip (clip-higher); null: clip_ratio.", None)
+    clip_ratio_c: float = doc("Dual-clip bound for negative advantages (> 1).", 3.0)
+    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    loss_agg_mode: str = "token-mean"
+    entropy_coeff: float = 0.0
+    use_kl_loss: bool = False
+    use_torch_compile: bool = True
+    kl_loss_coef: float = 0.001
+    kl_loss_type: str = "low_var_kl"
+    ppo_epochs: int = 1
+    shuffle: bool = False
+    tis_imp_ratio_cap: float = doc("Truncated importance sampling cap with the rollout log-probs (<= 0: off).", -1.0)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)
+    data_loader_seed: Optional[int] = None
+    load_weight: bool = True
+    adapter: CustomClsConfig = doc("A user ActorModel class (path, name); default: the Megatron adapter.",
+                                   factory=CustomClsConfig)
+
+
+@dataclass(frozen=True)
+class RefConfig:
+    strategy: str = "megatron"
+    use_torch_compile: bool = True
+    log_prob_micro_batch_size: Optional[int] = None
+    log_prob_micro_batch_size_per_gpu: Optional[int] = None
+    log_prob_use_dynamic_bsz: bool = link("actor_rollout_ref.actor.use_dynamic_bsz")
+    log_prob_max_token_len_per_gpu: int = link("actor_rollout_ref.actor.ppo_max_token_len_per_gpu")
+    megatron: MegatronConfig = field(default_factory=lambda: follow_actor_layout(use_distributed_optimizer=False))
+    load_weight: bool = True

@@ -1,0 +1,64 @@
+"""actor_rollout_ref.rollout.*: generation engine and sampling."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from .common import doc, link
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """Sampling used by validation (verl's rollout.val_kwargs)."""
+
+    top_k: int = -1
+    top_p: float = 1.0
+    temperature: float = 0.0
+    n: int = 1
+    do_sample: bool = False
+
+
+@dataclass(frozen=True)
+class SyncCheckConfig:
+    """Checks that the rollout engine holds the actor's weights after each sync."""
+
+    enable: bool = doc("Checksum the rollout weights against the actor's after every sync.", True)
+    sample_fraction: float = doc("Fraction of tensors checksummed per sync (1.0: all).", 1.0)
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    name: str = doc("auto | vllm | torch (auto: vllm on GPU, the built-in torch engine on CPU).", "auto")
+    mode: str = doc("sync (the colocated hybrid engine); async is accepted and runs synchronously.", "sync")
+    temperature: float = 1.0
+    top_k: int = -1
+    top_p: float = 1.0
+    prompt_length: int = link("data.max_prompt_length")
+    response_length: int = link("data.max_response_length")
+    dtype: str = "bfloat16"
+    gpu_memory_utilization: float = doc("Fraction of GPU memory vLLM may take for weights + KV cache.", 0.5)
+    ignore_eos: bool = False
+    enforce_eager: bool = False
+    free_cache_engine: bool = doc("Sleep the engine (free weights + KV cache) after each generation.", True)
+    tensor_model_parallel_size: int = doc("tp_g: GPUs per rollout replica.", 2)
+    data_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    max_num_batched_tokens: int = 8192
+    max_model_len: Optional[int] = None
+    max_num_seqs: int = 1024
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    load_format: str = "dummy"
+    log_prob_micro_batch_size: Optional[int] = None
+    log_prob_micro_batch_size_per_gpu: Optional[int] = doc("Samples per old-log-prob forward on one rank.", None)
+    log_prob_use_dynamic_bsz: bool = link("actor_rollout_ref.actor.use_dynamic_bsz")
+    log_prob_max_token_len_per_gpu: int = link("actor_rollout_ref.actor.ppo_max_token_len_per_gpu")
+    disable_log_stats: bool = True
+    do_sample: bool = True
+    n: int = doc("Samples per prompt.", 1)
+    seed: int = doc("Sampling seed (per step and rank offsets are added).", 0)
+    engine_kwargs: dict[str, Any] = field(default_factory=lambda: {"vllm": {}})
+    val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)
+    calculate_log_probs: bool = doc("Keep the engine's own token log-probs (needed for TIS).", False)
+    update_weights_bucket_megabytes: int = doc("Bucket size for streaming weights into the engine.", 512)
+    sync_check: SyncCheckConfig = field(default_factory=SyncCheckConfig)

@@ -1,0 +1,33 @@
+"""The whole job config: verl's top-level sections."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .actor import ActorConfig, ModelConfig, RefConfig
+from .algorithm import AlgorithmConfig
+from .critic import CriticConfig, CustomRewardFunctionConfig, RewardModelConfig
+from .data import DataConfig
+from .rollout import RolloutConfig
+from .trainer import RayKwargsConfig, TrainerConfig
+
+
+@dataclass(frozen=True)
+class ActorRolloutRefConfig:
+    hybrid_engine: bool = True
+    nccl_timeout: int = 600
+    model: ModelConfig = field(default_factory=ModelConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    ref: RefConfig = field(default_factory=RefConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    ray_kwargs: RayKwargsConfig = field(default_factory=RayKwargsConfig)

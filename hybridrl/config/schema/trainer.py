@@ -1,0 +1,51 @@
+"""trainer.*: run length, logging, checkpoints, cluster shape, and ray_kwargs."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from .common import doc
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    balance_batch: bool = doc("Reorder samples so every dp rank gets a similar token count.", True)
+    total_epochs: int = 30
+    total_training_steps: Optional[int] = doc("null: epochs x batches per epoch.", None)
+    project_name: str = "verl_examples"
+    experiment_name: str = "gsm8k"
+    logger: list[str] = doc("Any of console, jsonl, tensorboard, wandb (verl defaults to console+wandb; we default to console so a first run needs no account).", factory=lambda: ["console"])
+    log_val_generations: int = 0
+    nnodes: int = 1
+    n_gpus_per_node: int = doc("GPUs per node (on CPU: worker processes per node).", 8)
+    save_freq: int = doc("Save a checkpoint every N steps and after the last step (-1: never).", -1)
+    esi_redundant_time: int = 0
+    resume_mode: str = doc("auto | disable | resume_path", "auto")
+    resume_from_path: Optional[str] = None
+    del_local_ckpt_after_load: bool = False
+    val_before_train: bool = True
+    val_only: bool = False
+    test_freq: int = -1
+    critic_warmup: int = 0
+    default_hdfs_dir: Optional[str] = None
+    default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
+    max_actor_ckpt_to_keep: Optional[int] = None
+    max_critic_ckpt_to_keep: Optional[int] = None
+    ray_wait_register_center_timeout: int = 300
+    device: str = doc("auto | cuda | cpu", "auto")
+    rollout_data_dir: Optional[str] = None
+    validation_data_dir: Optional[str] = None
+    # hybridrl additions
+    backend: str = doc("ray | local (torchrun, one process per rank, no Ray).", "ray")
+    worker_timeout_s: float = doc("A worker call that takes longer fails naming the rank and role.", 1800.0)
+    dist_timeout_s: float = doc("torch.distributed (NCCL/gloo) collective timeout.", 600.0)
+    on_nonfinite: str = doc("error | skip: what a NaN/Inf loss or grad norm does to the step.", "error")
+    seed: int = 1
+    progress_bar: bool = True
+    plot: bool = doc("Write a PNG of score, response length and KL at the end.", True)
+
+
+@dataclass(frozen=True)
+class RayKwargsConfig:
+    ray_init: dict[str, Any] = field(default_factory=lambda: {"num_cpus": None})
+    timeline_json_file: Optional[str] = None

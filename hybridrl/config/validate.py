@@ -1,0 +1,470 @@
+"""The ONE validation pass: checks a built PPOConfig and derives every size the job needs.
+
+Nothing below the entry points recomputes these numbers or edits the config: workers receive the
+frozen config and the frozen `Derived` sizes. Every problem found is reported at once, each naming
+the keys involved and a fix.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from .loader import ConfigError
+from .schema import MegatronConfig, PPOConfig
+from .schema.common import LAYOUT_KEYS
+
+ARA = "actor_rollout_ref"
+LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
+DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root", "WSD")
+# Accepted for verl compatibility; they change nothing here (a non-default value gets a note).
+NO_EFFECT = {
+    "data.use_shm": False,
+    "data.dataloader_num_workers": 8,
+    "data.filter_overlong_prompts_workers": 1,
+    f"{ARA}.actor.use_torch_compile": True,
+    f"{ARA}.ref.use_torch_compile": True,
+    f"{ARA}.model.use_remove_padding": False,
+    f"{ARA}.model.use_fused_kernels": False,
+    "critic.model.use_remove_padding": False,
+    f"{ARA}.actor.checkpoint.async_save": False,
+    "trainer.esi_redundant_time": 0,
+    "trainer.default_hdfs_dir": None,
+    "trainer.del_local_ckpt_after_load": False,
+    "trainer.ray_wait_register_center_timeout": 300,
+}
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    """Megatron layout of one role (ranks = tp * pp * cp * dp)."""
+
+    world_size: int
+    tp: int
+    pp: int
+    cp: int
+    vpp: Optional[int]
+    dp: int
+    sequence_parallel: bool
+    dtype: str
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """How one training step's samples become optimizer steps and micro-batches for a role."""
+
+    samples_per_step: int
+    mini_batch_samples: int  # global samples per optimizer step
+    mini_batches_per_epoch: int
+    ppo_epochs: int
+    mini_batch_per_dp: int  # samples per optimizer step on one dp rank
+    micro_batch_per_gpu: Optional[int]  # None with dynamic batch size
+    grad_accum: Optional[int]
+    use_dynamic_bsz: bool
+    max_token_len_per_gpu: int
+    forward_micro_batch_per_gpu: Optional[int]  # log-prob / value forward passes
+    forward_max_token_len_per_gpu: int
+
+    @property
+    def optimizer_steps_per_step(self) -> int:
+        return self.mini_batches_per_epoch * self.ppo_epochs
+
+
+@dataclass(frozen=True)
+class RolloutLayout:
+    engine: str  # vllm | torch
+    tp: int  # tp_g
+    dp: int  # dp_g
+    n: int
+
+
+@dataclass(frozen=True)
+class Derived:
+    device: str  # cuda | cpu
+    world_size: int
+    actor: ParallelLayout
+    rollout: RolloutLayout
+    actor_batch: BatchPlan
+    ref_forward_micro_batch_per_gpu: Optional[int]
+    use_reference: bool
+    use_critic: bool
+    critic: Optional[ParallelLayout]
+    critic_batch: Optional[BatchPlan]
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """A validated job: the frozen user config plus the derived sizes."""
+
+    cfg: PPOConfig
+    derived: Derived
+
+    def summary(self) -> str:
+        d, c = self.derived, self.cfg
+        a, b = d.actor, d.actor_batch
+        lines = [
+            f"device={d.device} world={d.world_size} ({c.trainer.nnodes} node(s) x {c.trainer.n_gpus_per_node})",
+            f"actor layout: tp={a.tp} pp={a.pp} cp={a.cp} dp={a.dp} vpp={a.vpp} sp={a.sequence_parallel} dtype={a.dtype}",
+            f"rollout: {d.rollout.engine} tp_g={d.rollout.tp} dp_g={d.rollout.dp} n={d.rollout.n}",
+            f"batch: {c.data.train_batch_size} prompts x n={d.rollout.n} = {b.samples_per_step} samples/step; "
+            f"{b.mini_batches_per_epoch} mini-batch(es) of {b.mini_batch_samples} samples x {b.ppo_epochs} epoch(s) "
+            f"= {b.optimizer_steps_per_step} optimizer step(s)/step",
+            f"per dp rank: {b.mini_batch_per_dp} samples/mini-batch, "
+            + (f"dynamic micro-batches <= {b.max_token_len_per_gpu} tokens" if b.use_dynamic_bsz
+               else f"micro-batch {b.micro_batch_per_gpu} -> grad accumulation {b.grad_accum}"),
+            f"roles: actor+rollout{'+ref' if d.use_reference else ''}{'+critic' if d.use_critic else ''} colocated",
+        ]
+        lines += [f"note: {n}" for n in d.notes]
+        return "\n".join(lines)
+
+
+class _Problems:
+    def __init__(self) -> None:
+        self.errors: list[str] = []
+        self.notes: list[str] = []
+
+    def check(self, ok: bool, message: str) -> bool:
+        if not ok:
+            self.errors.append(message)
+        return ok
+
+    def raise_if_any(self) -> None:
+        if self.errors:
+            head = "invalid config" if len(self.errors) == 1 else f"invalid config ({len(self.errors)} problems)"
+            raise ConfigError(head + ":\n  - " + "\n  - ".join(self.errors))
+
+
+def _get(cfg: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def _choices(key: str, value: str, names: list[str], p: _Problems) -> None:
+    close = difflib.get_close_matches(str(value), names, n=1)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    p.check(value in names, f"{key}={value!r} is not one of {', '.join(sorted(names))}{hint}")
+
+
+def _registry_names(module: str, attr: str) -> Optional[list[str]]:
+    try:
+        mod = __import__(module, fromlist=[attr])
+        return list(getattr(mod, attr).names())
+    except (ImportError, AttributeError):
+        return None
+
+
+# ---------------------------------------------------------------------------------------------- layout
+def _device(cfg: PPOConfig, p: _Problems, cuda_available: Callable[[], bool]) -> str:
+    want = cfg.trainer.device
+    if not p.check(want in ("auto", "cuda", "cpu"), f"trainer.device={want!r} is not one of auto, cuda, cpu"):
+        return "cpu"
+    if want == "auto":
+        return "cuda" if cuda_available() else "cpu"
+    p.check(want == "cpu" or cuda_available(), "trainer.device=cuda but no CUDA device is visible; set trainer.device=cpu")
+    return want
+
+
+def _layout(key: str, m: MegatronConfig, world: int, device: str, p: _Problems) -> ParallelLayout:
+    tp, pp, cp = m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.context_parallel_size
+    for name, v in (("tensor_model_parallel_size", tp), ("pipeline_model_parallel_size", pp), ("context_parallel_size", cp)):
+        p.check(v >= 1, f"{key}.{name}={v} must be >= 1")
+    tp, pp, cp = max(tp, 1), max(pp, 1), max(cp, 1)
+    model_parallel = tp * pp * cp
+    p.check(world % model_parallel == 0,
+            f"{key}: tp*pp*cp = {tp}*{pp}*{cp} = {model_parallel} does not divide the {world} ranks "
+            f"(trainer.nnodes * trainer.n_gpus_per_node); choose sizes whose product divides {world}")
+    vpp = m.virtual_pipeline_model_parallel_size
+    p.check(vpp is None or (vpp >= 1 and pp > 1),
+            f"{key}.virtual_pipeline_model_parallel_size={vpp} needs pipeline_model_parallel_size > 1 (got {pp}); set it to null")
+    p.check(m.expert_model_parallel_size == 1,
+            f"{key}.expert_model_parallel_size={m.expert_model_parallel_size}: mixture-of-experts models are not supported yet; set it to 1")
+    p.check(m.dtype in ("bfloat16", "float16", "float32"), f"{key}.dtype={m.dtype!r} is not one of bfloat16, float16, float32")
+    dtype = m.dtype if device == "cuda" else "float32"
+    if device == "cpu" and any((m.param_offload, m.grad_offload, m.optimizer_offload)):
+        p.notes.append(f"{key}: *_offload has no effect on CPU (state already lives in host memory)")
+    return ParallelLayout(world, tp, pp, cp, vpp, max(world // model_parallel, 1), m.sequence_parallel and tp > 1, dtype)
+
+
+def _same_layout(key: str, m: MegatronConfig, actor: MegatronConfig, p: _Problems) -> None:
+    for k in LAYOUT_KEYS:
+        mine, theirs = getattr(m, k), getattr(actor, k)
+        p.check(mine == theirs,
+                f"{key}.{k}={mine} differs from {ARA}.actor.megatron.{k}={theirs}: this role runs in the actor's "
+                f"processes and megatron-core keeps one layout per process; remove the override or make them equal")
+
+
+def _rollout(cfg: PPOConfig, device: str, world: int, p: _Problems) -> RolloutLayout:
+    r, key = cfg.actor_rollout_ref.rollout, f"{ARA}.rollout"
+    engine = r.name
+    _choices(f"{key}.name", engine, ["auto", "vllm", "torch", "hf"], p)
+    if engine == "auto":
+        engine = "vllm" if device == "cuda" else "torch"
+    if engine == "hf":
+        engine = "torch"
+    p.check(not (engine == "vllm" and device == "cpu"),
+            f"{key}.name=vllm needs a GPU; on CPU use {key}.name=torch (or auto)")
+    tp_g = r.tensor_model_parallel_size
+    if p.check(tp_g >= 1 and world % tp_g == 0,
+               f"{key}.tensor_model_parallel_size={tp_g} must divide the {world} ranks; e.g. set it to 1"):
+        dp_g = world // tp_g
+    else:
+        dp_g = 1
+    p.check(r.pipeline_model_parallel_size == 1, f"{key}.pipeline_model_parallel_size must be 1 (the rollout engine is not pipelined)")
+    p.check(r.data_parallel_size in (1, dp_g),
+            f"{key}.data_parallel_size={r.data_parallel_size}: the rollout replicas are world/tp_g = {dp_g}; leave it at 1")
+    p.check(r.n >= 1, f"{key}.n={r.n} must be >= 1")
+    p.check(r.temperature >= 0, f"{key}.temperature={r.temperature} must be >= 0")
+    p.check(0 < r.top_p <= 1, f"{key}.top_p={r.top_p} must be in (0, 1]")
+    p.check(r.top_k == -1 or r.top_k > 0, f"{key}.top_k={r.top_k} must be -1 (off) or > 0")
+    p.check(0 < r.gpu_memory_utilization <= 1, f"{key}.gpu_memory_utilization={r.gpu_memory_utilization} must be in (0, 1]")
+    p.check(r.update_weights_bucket_megabytes >= 1, f"{key}.update_weights_bucket_megabytes must be >= 1")
+    p.check(0 < r.sync_check.sample_fraction <= 1, f"{key}.sync_check.sample_fraction must be in (0, 1]")
+    p.check(r.val_kwargs.n >= 1, f"{key}.val_kwargs.n={r.val_kwargs.n} must be >= 1")
+    total = cfg.data.max_prompt_length + cfg.data.max_response_length
+    p.check(r.max_model_len is None or r.max_model_len >= total,
+            f"{key}.max_model_len={r.max_model_len} is below data.max_prompt_length + data.max_response_length = {total}")
+    if r.mode == "async":
+        p.notes.append(f"{key}.mode=async: the colocated hybrid engine generates synchronously")
+    else:
+        _choices(f"{key}.mode", r.mode, ["sync", "async"], p)
+    return RolloutLayout(engine, tp_g, dp_g, max(r.n, 1))
+
+
+# ---------------------------------------------------------------------------------------------- batches
+def _micro(key: str, global_micro: Optional[int], per_gpu: Optional[int], dp: int, p: _Problems,
+           global_name: str, per_gpu_name: str) -> Optional[int]:
+    if global_micro is not None and per_gpu is not None:
+        p.errors.append(f"{key}.{global_name} and {key}.{per_gpu_name} are both set; keep only {per_gpu_name}")
+        return per_gpu
+    if global_micro is not None:
+        if not p.check(global_micro % dp == 0 and global_micro >= dp,
+                       f"{key}.{global_name}={global_micro} is not a multiple of dp={dp}; set {key}.{per_gpu_name} instead"):
+            return None
+        return global_micro // dp
+    return per_gpu
+
+
+def _batch_plan(key: str, role: Any, dp: int, n: int, cfg: PPOConfig, p: _Problems,
+                forward_global: Optional[int], forward_per_gpu: Optional[int], forward_names: tuple[str, str],
+                forward_key: str, forward_max_tokens: int) -> BatchPlan:
+    prompts = cfg.data.train_batch_size
+    mini = role.ppo_mini_batch_size
+    ok = p.check(mini >= 1, f"{key}.ppo_mini_batch_size={mini} must be >= 1") and p.check(
+        mini <= prompts and prompts % mini == 0,
+        f"{key}.ppo_mini_batch_size={mini} must divide data.train_batch_size={prompts} (both count prompts); "
+        f"e.g. set it to {_divisor_near(prompts, mini)}")
+    mini_samples = max(mini, 1) * n
+    ok = ok and p.check(mini_samples % dp == 0,
+                  f"{key}.ppo_mini_batch_size * rollout.n = {mini}*{n} = {mini_samples} samples cannot be split evenly "
+                  f"over dp={dp} ranks; make it a multiple of {dp}")
+    per_dp = max(mini_samples // dp, 1)
+    micro = _micro(key, role.ppo_micro_batch_size, role.ppo_micro_batch_size_per_gpu, dp, p,
+                   "ppo_micro_batch_size", "ppo_micro_batch_size_per_gpu")
+    accum = None
+    if role.use_dynamic_bsz:
+        longest = cfg.data.max_prompt_length + cfg.data.max_response_length
+        p.check(role.ppo_max_token_len_per_gpu >= longest,
+                f"{key}.ppo_max_token_len_per_gpu={role.ppo_max_token_len_per_gpu} is below the longest sequence "
+                f"(data.max_prompt_length + data.max_response_length = {longest}); raise it")
+        micro = None
+    elif micro is None:
+        p.errors.append(f"{key}.ppo_micro_batch_size_per_gpu is not set; set it to a divisor of {per_dp} "
+                        f"(the per-rank mini-batch) or set {key}.use_dynamic_bsz=true")
+    elif p.check(micro >= 1, f"{key}.ppo_micro_batch_size_per_gpu={micro} must be >= 1") and ok:
+        if p.check(per_dp % micro == 0,
+                   f"{key}.ppo_micro_batch_size_per_gpu={micro} does not divide the per-rank mini-batch of {per_dp} samples "
+                   f"(ppo_mini_batch_size*rollout.n/dp = {mini}*{n}/{dp}); e.g. set it to {_divisor_near(per_dp, micro)}"):
+            accum = per_dp // micro
+    p.check(role.ppo_epochs >= 1, f"{key}.ppo_epochs={role.ppo_epochs} must be >= 1")
+    fwd = _micro(forward_key, forward_global, forward_per_gpu, dp, p, *forward_names)
+    if fwd is None and not role.use_dynamic_bsz:
+        fwd = micro
+        if micro is not None:
+            p.notes.append(f"{forward_key}.{forward_names[1]} not set: using {micro} ({key}.ppo_micro_batch_size_per_gpu)")
+    return BatchPlan(
+        samples_per_step=prompts * n,
+        mini_batch_samples=mini_samples,
+        mini_batches_per_epoch=max(prompts // max(mini, 1), 1),
+        ppo_epochs=max(role.ppo_epochs, 1),
+        mini_batch_per_dp=per_dp,
+        micro_batch_per_gpu=micro,
+        grad_accum=accum,
+        use_dynamic_bsz=role.use_dynamic_bsz,
+        max_token_len_per_gpu=role.ppo_max_token_len_per_gpu,
+        forward_micro_batch_per_gpu=fwd,
+        forward_max_token_len_per_gpu=forward_max_tokens,
+    )
+
+
+def _divisor_near(n: int, want: int) -> int:
+    divisors = [d for d in range(1, n + 1) if n % d == 0] or [1]
+    return min(divisors, key=lambda d: (abs(d - max(want, 1)), d))
+
+
+# ---------------------------------------------------------------------------------------------- sections
+def _check_data(cfg: PPOConfig, p: _Problems) -> None:
+    d = cfg.data
+    p.check(d.train_batch_size >= 1, f"data.train_batch_size={d.train_batch_size} must be >= 1")
+    p.check(d.max_prompt_length >= 1, f"data.max_prompt_length={d.max_prompt_length} must be >= 1")
+    p.check(d.max_response_length >= 1, f"data.max_response_length={d.max_response_length} must be >= 1")
+    p.check(d.val_batch_size is None or d.val_batch_size >= 1, "data.val_batch_size must be null or >= 1")
+    _choices("data.truncation", d.truncation, ["error", "left", "right", "middle"], p)
+    p.check(bool(d.train_files), "data.train_files is empty; give one or more parquet/arrow/jsonl files")
+    p.check((d.custom_cls.path is None) == (d.custom_cls.name is None),
+            "data.custom_cls needs both path and name (a .py file and the class in it)")
+
+
+def _check_algorithm(cfg: PPOConfig, n: int, p: _Problems) -> None:
+    a, actor = cfg.algorithm, cfg.actor_rollout_ref.actor
+    estimators = _registry_names("hybridrl.algos", "ADVANTAGE_ESTIMATORS")
+    if estimators is not None:
+        _choices("algorithm.adv_estimator", a.adv_estimator, estimators, p)
+    group_based = ("grpo", "rloo", "reinforce_plus_plus_baseline")
+    p.check(not (a.adv_estimator in group_based and n < 2),
+            f"algorithm.adv_estimator={a.adv_estimator} compares samples of the same prompt: set "
+            f"{ARA}.rollout.n >= 2 (got {n})")
+    kls = _registry_names("hybridrl.algos", "KL_PENALTIES")
+    if kls is not None:
+        _choices("algorithm.kl_penalty", a.kl_penalty, kls, p)
+        _choices(f"{ARA}.actor.kl_loss_type", actor.kl_loss_type, kls, p)
+    _choices("algorithm.kl_ctrl.type", a.kl_ctrl.type, ["fixed", "adaptive"], p)
+    p.check(0 <= a.gamma <= 1 and 0 <= a.lam <= 1, "algorithm.gamma and algorithm.lam must be in [0, 1]")
+    p.check(not a.use_pf_ppo, "algorithm.use_pf_ppo=true is not supported yet; set it to false")
+    if a.use_kl_in_reward and actor.use_kl_loss:
+        p.notes.append("algorithm.use_kl_in_reward and actor.use_kl_loss are both on: KL is penalized twice")
+
+
+def _check_actor(cfg: PPOConfig, p: _Problems) -> None:
+    actor, key = cfg.actor_rollout_ref.actor, f"{ARA}.actor"
+    p.check(actor.strategy == "megatron", f"{key}.strategy={actor.strategy!r}: hybridrl trains with megatron-core; set it to megatron")
+    aggs = _registry_names("hybridrl.algos", "LOSS_AGG_MODES")
+    if aggs is not None:
+        _choices(f"{key}.loss_agg_mode", actor.loss_agg_mode, aggs, p)
+    losses = _registry_names("hybridrl.algos", "POLICY_LOSSES")
+    if losses is not None:
+        _choices(f"{key}.policy_loss.loss_mode", actor.policy_loss.loss_mode, losses, p)
+    for name in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"):
+        v = getattr(actor, name)
+        p.check(v is None or v > 0, f"{key}.{name}={v} must be > 0")
+    p.check(actor.clip_ratio_c > 1, f"{key}.clip_ratio_c={actor.clip_ratio_c} must be > 1 (dual-clip bound)")
+    p.check(actor.tis_imp_ratio_cap <= 0 or actor.tis_imp_ratio_cap >= 1,
+            f"{key}.tis_imp_ratio_cap={actor.tis_imp_ratio_cap} must be >= 1 (or <= 0 to disable)")
+    p.check(cfg.actor_rollout_ref.model.lora_rank == 0, f"{ARA}.model.lora_rank: LoRA is not supported yet; set it to 0")
+    p.check(cfg.actor_rollout_ref.hybrid_engine, f"{ARA}.hybrid_engine=false: hybridrl always colocates rollout and training")
+    for role, optim in ((f"{key}.optim", actor.optim), ("critic.optim", cfg.critic.optim)):
+        p.check(optim.lr >= 0, f"{role}.lr={optim.lr} must be >= 0")
+        p.check(0 <= optim.lr_warmup_steps_ratio <= 1, f"{role}.lr_warmup_steps_ratio must be in [0, 1]")
+        _choices(f"{role}.lr_decay_style", optim.lr_decay_style, list(DECAY_STYLES), p)
+        _choices(f"{role}.optimizer", optim.optimizer, ["adam", "sgd"], p)
+        p.check(len(optim.betas) == 2, f"{role}.betas must have two values")
+
+
+def _check_trainer(cfg: PPOConfig, p: _Problems) -> None:
+    t = cfg.trainer
+    p.check(t.nnodes >= 1 and t.n_gpus_per_node >= 1, "trainer.nnodes and trainer.n_gpus_per_node must be >= 1")
+    p.check(t.total_epochs >= 1, f"trainer.total_epochs={t.total_epochs} must be >= 1")
+    p.check(t.total_training_steps is None or t.total_training_steps >= 1, "trainer.total_training_steps must be null or >= 1")
+    _choices("trainer.resume_mode", t.resume_mode, ["auto", "disable", "resume_path"], p)
+    p.check(t.resume_mode != "resume_path" or bool(t.resume_from_path),
+            "trainer.resume_mode=resume_path needs trainer.resume_from_path")
+    for lg in t.logger:
+        _choices("trainer.logger", lg, list(LOGGERS), p)
+    _choices("trainer.backend", t.backend, ["ray", "local"], p)
+    _choices("trainer.on_nonfinite", t.on_nonfinite, ["error", "skip"], p)
+    p.check(t.critic_warmup >= 0, "trainer.critic_warmup must be >= 0")
+    for k in ("max_actor_ckpt_to_keep", "max_critic_ckpt_to_keep"):
+        v = getattr(t, k)
+        p.check(v is None or v >= 1, f"trainer.{k}={v} must be null or >= 1")
+    p.check(t.worker_timeout_s > 0 and t.dist_timeout_s > 0, "trainer.worker_timeout_s and trainer.dist_timeout_s must be > 0")
+
+
+def _check_rewards(cfg: PPOConfig, p: _Problems) -> None:
+    p.check(not cfg.reward_model.enable,
+            "reward_model.enable=true: model-based rewards are not supported yet; use custom_reward_function.path "
+            "or the rule scorers (gsm8k, math)")
+    managers = _registry_names("hybridrl.reward", "REWARD_MANAGERS")
+    if managers is not None:
+        _choices("reward_model.reward_manager", cfg.reward_model.reward_manager, managers, p)
+    path = cfg.custom_reward_function.path
+    p.check(path is None or path.startswith("pkg://") or os.path.isfile(os.path.expanduser(path)),
+            f"custom_reward_function.path={path}: no such file")
+
+
+def _no_effect_notes(cfg: PPOConfig, p: _Problems) -> None:
+    for key, default in NO_EFFECT.items():
+        if _get(cfg, key) != default:
+            p.notes.append(f"{key}={_get(cfg, key)!r} is accepted for verl compatibility and has no effect")
+
+
+# ---------------------------------------------------------------------------------------------- entry
+def validate(cfg: PPOConfig, cuda_available: Optional[Callable[[], bool]] = None) -> RunConfig:
+    """Check `cfg` and derive all sizes. Raises ConfigError listing every problem."""
+    if cuda_available is None:
+        def cuda_available() -> bool:
+            import torch
+            return torch.cuda.is_available()
+
+    p = _Problems()
+    device = _device(cfg, p, cuda_available)
+    world = max(cfg.trainer.nnodes, 1) * max(cfg.trainer.n_gpus_per_node, 1)
+    ara = cfg.actor_rollout_ref
+    actor = _layout(f"{ARA}.actor.megatron", ara.actor.megatron, world, device, p)
+    rollout = _rollout(cfg, device, world, p)
+    _check_data(cfg, p)
+    _check_actor(cfg, p)
+    _check_algorithm(cfg, rollout.n, p)
+    _check_trainer(cfg, p)
+    _check_rewards(cfg, p)
+    _no_effect_notes(cfg, p)
+
+    r = ara.rollout
+    actor_batch = _batch_plan(
+        f"{ARA}.actor", ara.actor, actor.dp, rollout.n, cfg, p,
+        r.log_prob_micro_batch_size, r.log_prob_micro_batch_size_per_gpu,
+        ("log_prob_micro_batch_size", "log_prob_micro_batch_size_per_gpu"), f"{ARA}.rollout",
+        r.log_prob_max_token_len_per_gpu,
+    )
+    use_reference = ara.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+    _same_layout(f"{ARA}.ref.megatron", ara.ref.megatron, ara.actor.megatron, p)
+    ref_micro = _micro(f"{ARA}.ref", ara.ref.log_prob_micro_batch_size, ara.ref.log_prob_micro_batch_size_per_gpu,
+                       actor.dp, p, "log_prob_micro_batch_size", "log_prob_micro_batch_size_per_gpu")
+    if ref_micro is None:
+        ref_micro = actor_batch.forward_micro_batch_per_gpu
+
+    use_critic = cfg.critic.enable if cfg.critic.enable is not None else cfg.algorithm.adv_estimator == "gae"
+    critic_layout = critic_batch = None
+    if use_critic:
+        _same_layout("critic.megatron", cfg.critic.megatron, ara.actor.megatron, p)
+        # Same layout as the actor (checked above): its divisibility errors are the actor's, reported once.
+        critic_layout = _layout("critic.megatron", cfg.critic.megatron, world, device, _Problems())
+        critic_problems = _Problems()
+        p.check(cfg.critic.rollout_n == rollout.n,
+                f"critic.rollout_n={cfg.critic.rollout_n} differs from {ARA}.rollout.n={rollout.n}; remove the override")
+        p.check(cfg.critic.cliprange_value > 0, "critic.cliprange_value must be > 0")
+        critic_batch = _batch_plan(
+            "critic", cfg.critic, critic_layout.dp, rollout.n, cfg, critic_problems,
+            None, cfg.critic.forward_micro_batch_size_per_gpu,
+            ("forward_micro_batch_size", "forward_micro_batch_size_per_gpu"), "critic",
+            cfg.critic.forward_max_token_len_per_gpu,
+        )
+        # critic.ppo_mini_batch_size follows the actor's unless set: do not repeat the actor's error.
+        p.errors += [e for e in critic_problems.errors if e.replace("critic.", f"{ARA}.actor.", 1) not in p.errors]
+        p.notes += critic_problems.notes
+    elif cfg.algorithm.adv_estimator == "gae":
+        p.errors.append("algorithm.adv_estimator=gae needs values: remove critic.enable=false or pick grpo/rloo/...")
+    p.raise_if_any()
+    derived = Derived(
+        device=device, world_size=world, actor=actor, rollout=rollout, actor_batch=actor_batch,
+        ref_forward_micro_batch_per_gpu=ref_micro, use_reference=use_reference, use_critic=use_critic,
+        critic=critic_layout, critic_batch=critic_batch, notes=tuple(p.notes),
+    )
+    return RunConfig(cfg, derived)
+
+
+def replace(cfg: Any, **changes: Any) -> Any:
+    """A modified copy (for tests and presets): configs are frozen, so there is no in-place edit."""
+    return dataclasses.replace(cfg, **changes)
