@@ -1,0 +1,83 @@
+"""The rollout-engine interface: generation on weights streamed in from the actor.
+
+Input batch (DataProto, B prompts):
+    input_ids [B, P] left-padded with pad_token_id, attention_mask [B, P], position_ids [B, P];
+    non-tensor keys (data_source, reward_model, ...) are carried along.
+Output batch (B * n samples, each prompt's n samples adjacent, i.e. repeat(n, interleave=True)):
+    prompts [B*n, P], responses [B*n, R] right-padded with pad_token_id (R = max_tokens),
+    input_ids [B*n, P+R], attention_mask [B*n, P+R], position_ids [B*n, P+R],
+    response_mask [B*n, R] (1 on generated tokens up to and including the stop token),
+    rollout_log_probs [B*n, R] (log-prob of each sampled token under softmax(logits / temperature),
+    before top-k/top-p truncation, so it is comparable with the actor's recomputed log-probs; 0 on padding).
+Non-tensor keys are repeated alongside.
+
+Engines hold their own copy of the weights, keyed by HuggingFace names; the hybrid engine fills it with
+`load_weights` (buckets of (hf_name, full tensor)), so an engine never reads a checkpoint itself.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field, replace
+from typing import Iterable, Optional
+
+import torch
+
+from hybridrl.protocol import DataProto
+from hybridrl.utils.registry import Registry
+
+ROLLOUT_ENGINES: Registry = Registry("rollout engine", key="actor_rollout_ref.rollout.name")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1: off
+    max_tokens: int = 512
+    do_sample: bool = True  # False (or temperature 0): greedy
+    stop_token_ids: tuple[int, ...] = ()  # in addition to the tokenizer's EOS
+    stop: tuple[str, ...] = ()  # stop strings (the matched text is kept in the response)
+    ignore_eos: bool = False
+    seed: Optional[int] = None  # same seed, same prompts, same weights -> same samples
+    logprobs: bool = True
+
+    @property
+    def greedy(self) -> bool:
+        return not self.do_sample or self.temperature == 0
+
+    def with_(self, **changes) -> "SamplingParams":
+        return replace(self, **changes)
+
+
+@dataclass
+class EngineMemory:
+    """Bytes held by an engine, for the memory-phase checks and benchmarks."""
+
+    weights_bytes: int = 0
+    kv_cache_bytes: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+class RolloutEngine(ABC):
+    """One rollout replica's engine in this process (it may span tp_g ranks of the replica)."""
+
+    @abstractmethod
+    def generate(self, prompts: DataProto, sampling: SamplingParams) -> DataProto: ...
+
+    @abstractmethod
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy HF-named full tensors into the engine's weights (it shards them itself for tp_g)."""
+
+    @abstractmethod
+    def weight_checksums(self, hf_names: Iterable[str]) -> dict[str, float]:
+        """Checksum (see hybridrl.hybrid.checks) of each named weight as the engine holds it."""
+
+    def wake_up(self, tags: Optional[list[str]] = None) -> None:
+        """Re-allocate what `sleep` freed: tags None = all, or ["weights"] / ["kv_cache"]."""
+
+    def sleep(self, level: int = 1) -> None:
+        """Free the engine's GPU memory between generations (level 1: drop KV cache, offload weights)."""
+
+    def memory(self) -> EngineMemory:
+        return EngineMemory()
