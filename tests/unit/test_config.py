@@ -1,0 +1,156 @@
+"""Config: verl command lines resolve, wrong configs fail naming the key, derived sizes are right."""
+import dataclasses
+import os
+import subprocess
+import sys
+
+import pytest
+
+from hybridrl.config import ConfigError, load_config, validate
+from hybridrl.config.loader import CONFIG_DIR, defaults_yaml
+
+# verl's quick-start command line (PPO on GSM8K, one GPU), unchanged.
+QUICKSTART = """
+data.train_files=/data/gsm8k/train.parquet data.val_files=/data/gsm8k/test.parquet
+data.train_batch_size=256 data.max_prompt_length=512 data.max_response_length=512
+actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B-Instruct actor_rollout_ref.actor.optim.lr=1e-6
+actor_rollout_ref.actor.ppo_mini_batch_size=64 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4
+actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8 actor_rollout_ref.rollout.tensor_model_parallel_size=1
+actor_rollout_ref.rollout.gpu_memory_utilization=0.4 actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4
+critic.optim.lr=1e-5 critic.model.path=Qwen/Qwen2.5-0.5B-Instruct critic.ppo_micro_batch_size_per_gpu=4
+algorithm.kl_ctrl.kl_coef=0.001 trainer.logger=console trainer.val_before_train=False
+trainer.n_gpus_per_node=1 trainer.nnodes=1 trainer.save_freq=10 trainer.test_freq=10 trainer.total_epochs=15
+""".split()
+CPU = lambda: False  # noqa: E731  validation as on a machine without CUDA
+
+
+def test_quickstart_resolves_with_cfg_job():
+    out = subprocess.run(
+        [sys.executable, "-m", "hybridrl.trainer.main_ppo", "--cfg", "job", *QUICKSTART],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    import yaml
+
+    tree = yaml.safe_load(out.stdout)
+    assert tree["data"]["train_batch_size"] == 256
+    assert tree["actor_rollout_ref"]["actor"]["optim"]["lr"] == 1e-6
+    assert tree["actor_rollout_ref"]["rollout"]["prompt_length"] == 512
+    assert tree["trainer"]["logger"] == ["console"]
+    assert tree["trainer"]["default_local_dir"] == "checkpoints/verl_examples/gsm8k"
+    assert "grad accumulation 16" in out.stderr
+
+
+def test_quickstart_derived_sizes():
+    run = validate(load_config(QUICKSTART), cuda_available=CPU)
+    d = run.derived
+    assert (d.world_size, d.actor.tp, d.actor.dp, d.rollout.tp, d.rollout.dp) == (1, 1, 1, 1, 1)
+    b = d.actor_batch
+    assert (b.samples_per_step, b.mini_batch_samples, b.mini_batches_per_epoch) == (256, 64, 4)
+    assert (b.mini_batch_per_dp, b.micro_batch_per_gpu, b.grad_accum, b.forward_micro_batch_per_gpu) == (64, 4, 16, 8)
+    assert d.use_critic and not d.use_reference and d.ref_forward_micro_batch_per_gpu == 4
+    assert d.actor.dtype == "float32" and d.rollout.engine == "torch"
+
+
+def test_grpo_layout_derivation_8_gpus():
+    cfg = load_config([
+        "data.train_batch_size=32", "actor_rollout_ref.rollout.n=8", "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "trainer.n_gpus_per_node=8",
+        "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+        "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+    ], config_name="grpo_trainer")
+    d = validate(cfg, cuda_available=lambda: True).derived
+    assert (d.actor.tp, d.actor.pp, d.actor.dp, d.actor.sequence_parallel, d.actor.dtype) == (2, 2, 2, True, "bfloat16")
+    assert (d.rollout.engine, d.rollout.tp, d.rollout.dp) == ("vllm", 2, 4)
+    b = d.actor_batch
+    # 16 prompts x 8 samples = 128 per mini-batch; over dp=2 -> 64 per rank; micro 4 -> 16 accumulation steps
+    assert (b.samples_per_step, b.mini_batch_samples, b.mini_batch_per_dp, b.grad_accum) == (256, 128, 64, 16)
+    assert not d.use_critic and d.use_reference
+    assert cfg.actor_rollout_ref.ref.megatron.tensor_model_parallel_size == 2  # follows the actor
+
+
+BAD = [
+    (["actor_rollout_ref.actor.ppo_micro_batch_size_pergpu=4"], "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"),
+    (["actor_rollout_ref.actor.fsdp_config.param_offload=True"], "*.megatron.*"),
+    (["data.train_batch_size=100"], "actor_rollout_ref.actor.ppo_mini_batch_size=64 must divide data.train_batch_size=100"),
+    (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=5"], "ppo_micro_batch_size_per_gpu=5 does not divide"),
+    (["trainer.n_gpus_per_node=3", "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2"],
+     "actor_rollout_ref.actor.megatron: tp*pp*cp = 2*1*1 = 2 does not divide the 3 ranks"),
+    (["algorithm.adv_estimator=grpo"], "actor_rollout_ref.rollout.n >= 2"),
+    (["actor_rollout_ref.rollout.tensor_model_parallel_size=2"], "actor_rollout_ref.rollout.tensor_model_parallel_size=2 must divide"),
+    (["actor_rollout_ref.ref.megatron.pipeline_model_parallel_size=2", "trainer.n_gpus_per_node=2"],
+     "actor_rollout_ref.ref.megatron.pipeline_model_parallel_size=2 differs"),
+    (["trainer.logger=[console,tensorbord]"], "did you mean tensorboard"),
+    (["data.train_batch_size=abc"], "data.train_batch_size: expects an integer"),
+    (["actor_rollout_ref.rollout.name=vllm"], "actor_rollout_ref.rollout.name=vllm needs a GPU"),
+    (["actor_rollout_ref.actor.ppo_micro_batch_size=8"], "both set"),
+    (["critic.ppo_micro_batch_size_per_gpu=null"], "critic.ppo_micro_batch_size_per_gpu is not set"),
+    (["trainer.resume_mode=resume_path"], "trainer.resume_from_path"),
+    (["actor_rollout_ref.actor.strategy=fsdp"], "actor_rollout_ref.actor.strategy='fsdp'"),
+    (["actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=100"],
+     "ppo_max_token_len_per_gpu=100 is below the longest sequence"),
+]
+
+
+@pytest.mark.parametrize("extra,message", BAD, ids=[b[1][:40] for b in BAD])
+def test_wrong_configs_name_the_key(extra, message):
+    with pytest.raises(ConfigError) as e:
+        validate(load_config(QUICKSTART + extra), cuda_available=CPU)
+    assert message in str(e.value)
+
+
+def test_list_values_and_scalar_promotion():
+    cfg = load_config(["data.train_files=['a.parquet','b.parquet']", "data.val_files=c.parquet", "trainer.logger=console"])
+    assert cfg.data.train_files == ["a.parquet", "b.parquet"]
+    assert cfg.data.val_files == ["c.parquet"] and cfg.trainer.logger == ["console"]
+
+
+def test_plus_adds_into_free_dicts_only():
+    cfg = load_config(["+actor_rollout_ref.model.override_config.attention_dropout=0.0",
+                       "+actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space=4"])
+    assert cfg.actor_rollout_ref.model.override_config == {"attention_dropout": 0.0}
+    assert cfg.actor_rollout_ref.rollout.engine_kwargs["vllm"] == {"swap_space": 4}
+    with pytest.raises(ConfigError, match="unknown key"):
+        load_config(["+actor_rollout_ref.actor.not_a_key=1"])
+    with pytest.raises(ConfigError, match=r"add it with \+"):
+        load_config(["actor_rollout_ref.model.override_config.rope_theta=1"])
+
+
+def test_links_follow_until_overridden_and_tilde_resets():
+    cfg = load_config(["data.max_prompt_length=100"])
+    assert cfg.actor_rollout_ref.rollout.prompt_length == 100
+    cfg = load_config(["data.max_prompt_length=100", "actor_rollout_ref.rollout.prompt_length=50"])
+    assert cfg.actor_rollout_ref.rollout.prompt_length == 50
+    cfg = load_config(["data.train_batch_size=8", "~data.train_batch_size"])
+    assert cfg.data.train_batch_size == 1024
+
+
+def test_config_is_frozen():
+    cfg = load_config([])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.data.train_batch_size = 3  # type: ignore[misc]
+
+
+def test_base_yaml_matches_schema():
+    with open(os.path.join(CONFIG_DIR, "ppo_trainer.yaml")) as f:
+        assert f.read() == defaults_yaml(), "regenerate with: python -m hybridrl.config.dump"
+
+
+def test_yaml_config_files_compose_and_equal_defaults():
+    assert load_config([], config_name="ppo_trainer") == load_config([])
+    grpo = load_config([], config_name="grpo_trainer")
+    assert grpo.algorithm.adv_estimator == "grpo" and grpo.actor_rollout_ref.rollout.n == 5
+    assert grpo.actor_rollout_ref.actor.use_kl_loss
+
+
+def test_bad_yaml_file_is_named(tmp_path):
+    p = tmp_path / "mine.yaml"
+    p.write_text("data:\n  train_batch_sise: 3\n")
+    with pytest.raises(ConfigError, match=r"mine.yaml: unknown key data.train_batch_sise; did you mean data.train_batch_size"):
+        load_config([], config_name="mine", config_path=str(tmp_path))
+
+
+def test_no_effect_keys_are_reported():
+    run = validate(load_config(QUICKSTART + ["actor_rollout_ref.model.use_remove_padding=True"]), cuda_available=CPU)
+    assert any("use_remove_padding" in n and "no effect" in n for n in run.derived.notes)
