@@ -1,0 +1,65 @@
+"""Per-token KL estimators between the policy and the reference (verl's `kl_penalty` kinds).
+
+With d = logprob - ref_logprob (log pi(y_t) - log pi_ref(y_t) of the sampled token):
+- kl / k1:          d                                 (unbiased, high variance, can be < 0)
+- abs:              |d|
+- mse / k2:         0.5 * d^2
+- low_var_kl / k3:  exp(-d) + d - 1, computed with -d clamped to [-20, 20] and the result
+                    clamped to [-10, 10] for stability (Schulman's k3; >= 0)
+Users add kinds with `@KL_PENALTIES.register("name")` on `fn(logprob, ref_logprob) -> [B, T]`.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+
+from .agg import agg_loss
+from .registry import Registry
+
+KLFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+KL_PENALTIES: Registry[KLFn] = Registry("kl_penalty")
+
+_K3_LOG_RATIO_CLAMP = 20.0
+_K3_VALUE_CLAMP = 10.0
+
+
+def _k1(logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tensor:
+    return logprob - ref_logprob
+
+
+def _abs(logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tensor:
+    return (logprob - ref_logprob).abs()
+
+
+def _k2(logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tensor:
+    return 0.5 * (logprob - ref_logprob).square()
+
+
+def _k3(logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tensor:
+    log_ratio = torch.clamp(ref_logprob - logprob, min=-_K3_LOG_RATIO_CLAMP, max=_K3_LOG_RATIO_CLAMP)
+    k3 = torch.exp(log_ratio) - log_ratio - 1
+    return torch.clamp(k3, min=-_K3_VALUE_CLAMP, max=_K3_VALUE_CLAMP)
+
+
+for _names, _fn in ((("kl", "k1"), _k1), (("abs",), _abs), (("mse", "k2"), _k2), (("low_var_kl", "k3"), _k3)):
+    for _name in _names:
+        KL_PENALTIES.register(_name)(_fn)
+
+
+def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kind: str) -> torch.Tensor:
+    """Per-token KL estimate of the named kind: logprob, ref_logprob [B, T] -> [B, T] (unmasked)."""
+    return KL_PENALTIES.get(kind)(logprob, ref_logprob)
+
+
+def kl_loss(
+    logprob: torch.Tensor,
+    ref_logprob: torch.Tensor,
+    response_mask: torch.Tensor,
+    kind: str,
+    loss_agg_mode: str,
+    loss_scale_factor: Optional[float] = None,
+) -> torch.Tensor:
+    """The actor's KL loss term (use_kl_loss): kl_penalty aggregated with `loss_agg_mode` -> scalar."""
+    return agg_loss(kl_penalty(logprob, ref_logprob, kind), response_mask, loss_agg_mode, loss_scale_factor)
