@@ -7,8 +7,10 @@ Output batch (B * n samples, each prompt's n samples adjacent, i.e. repeat(n, in
     prompts [B*n, P], responses [B*n, R] right-padded with pad_token_id (R = max_tokens),
     input_ids [B*n, P+R], attention_mask [B*n, P+R], position_ids [B*n, P+R],
     response_mask [B*n, R] (1 on generated tokens up to and including the stop token),
-    rollout_log_probs [B*n, R] (log-prob of each sampled token under softmax(logits / temperature),
-    before top-k/top-p truncation, so it is comparable with the actor's recomputed log-probs; 0 on padding).
+    rollout_log_probs [B*n, R] (log-prob of each sampled token under the distribution it was sampled
+    from: softmax(logits / temperature) restricted to the top-k / top-p set and renormalized, which is
+    vLLM's "processed_logprobs"; with top-k and top-p off it equals the actor's recomputed log-prob at
+    the same temperature; 0 on padding).
 Non-tensor keys are repeated alongside.
 
 Engines hold their own copy of the weights, keyed by HuggingFace names; the hybrid engine fills it with
