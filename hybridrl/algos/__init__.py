@@ -6,6 +6,7 @@ same numbers. Extension points are the registries: ADVANTAGE_ESTIMATORS, POLICY_
 KL_PENALTIES, LOSS_AGG_MODES.
 """
 
+from ..utils.registry import Registry
 from .advantages import (
     ADVANTAGE_ESTIMATORS,
     AdvantageFn,
@@ -33,7 +34,6 @@ from .policy_loss import (
     PolicyLossParams,
     tis_weights,
 )
-from .registry import Registry
 from .torch_functional import (
     entropy_from_logits,
     logprobs_from_logits,

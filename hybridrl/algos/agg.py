@@ -17,11 +17,11 @@ from typing import Callable, Optional
 
 import torch
 
-from .registry import Registry
+from ..utils.registry import Registry
 from .torch_functional import MASK_EPS, masked_mean, masked_sum
 
 AggFn = Callable[[torch.Tensor, torch.Tensor, Optional[float]], torch.Tensor]
-LOSS_AGG_MODES: Registry[AggFn] = Registry("loss_agg_mode")
+LOSS_AGG_MODES = Registry("loss aggregation mode", key="actor_rollout_ref.actor.loss_agg_mode")  # of AggFn
 
 
 @LOSS_AGG_MODES.register("token-mean")

@@ -15,11 +15,12 @@ from typing import Callable, Optional
 
 import torch
 
+from ..utils.registry import Registry
 from .agg import agg_loss
-from .registry import Registry
 
 KLFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-KL_PENALTIES: Registry[KLFn] = Registry("kl_penalty")
+# Selected by algorithm.kl_penalty (KL in reward) and actor_rollout_ref.actor.kl_loss_type (KL loss).
+KL_PENALTIES = Registry("KL estimator")  # of KLFn
 
 _K3_LOG_RATIO_CLAMP = 20.0
 _K3_VALUE_CLAMP = 10.0

@@ -95,7 +95,7 @@ def test_kl_loss_aggregates():
 
 
 def test_unknown_kind_did_you_mean():
-    with pytest.raises(ValueError, match="Did you mean 'low_var_kl'") as err:
+    with pytest.raises(ValueError, match="did you mean 'low_var_kl'") as err:
         kl_penalty(torch.zeros(1), torch.zeros(1), "low_var")
     assert "abs, k1, k2, k3, kl, low_var_kl, mse" in str(err.value)
 

@@ -15,7 +15,7 @@ from typing import Any, Callable, NamedTuple, Optional
 import numpy as np
 import torch
 
-from ..registry import Registry
+from ...utils.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ class AdvantageOutput(NamedTuple):
 
 
 AdvantageFn = Callable[[AdvantageInputs, AdvantageParams], AdvantageOutput]
-ADVANTAGE_ESTIMATORS: Registry[AdvantageFn] = Registry("adv_estimator")
+ADVANTAGE_ESTIMATORS = Registry("advantage estimator", key="algorithm.adv_estimator")  # of AdvantageFn
 
 
 def compute_advantage(name: str, inputs: AdvantageInputs, params: AdvantageParams) -> AdvantageOutput:

@@ -19,7 +19,7 @@ from typing import Optional, Protocol
 
 import torch
 
-from ..registry import Registry
+from ...utils.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ class PolicyLossFn(Protocol):
     ) -> PolicyLossOutput: ...
 
 
-POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy_loss.loss_mode")
+POLICY_LOSSES = Registry("policy loss", key="actor_rollout_ref.actor.policy_loss.loss_mode")  # of PolicyLossFn
 
 
 def tis_weights(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, cap: float) -> torch.Tensor:
