@@ -147,17 +147,17 @@ def _set(tree: dict, path: list[str], value: Any) -> None:
     node[path[-1]] = value
 
 
-def merge(base: dict, update: dict, where: str = "", prefix: str = "") -> dict:
+def merge(base: dict, update: dict, where: str = "", prefix: str = "", schema: type = PPOConfig) -> dict:
     """Recursive merge of `update` into a copy of `base`; unknown schema keys are errors."""
     out = copy.copy(base)
     for k, v in update.items():
         key = f"{prefix}{k}"
         try:
-            _, free = _field_type(key.split("."))
+            _, free = _field_type(key.split("."), schema)
         except KeyError:
-            raise ConfigError(f"{where}: unknown key {key}{did_you_mean(key)}") from None
+            raise ConfigError(f"{where}: unknown key {key}{did_you_mean(key, schema)}") from None
         if isinstance(v, dict) and isinstance(out.get(k), dict) and not free:
-            out[k] = merge(out[k], v, where, key + ".")
+            out[k] = merge(out[k], v, where, key + ".", schema)
         elif isinstance(v, dict) and isinstance(out.get(k), dict):
             out[k] = {**out[k], **v}
         else:
@@ -219,16 +219,16 @@ def parse_value(text: str) -> Any:
         return text
 
 
-def apply_overrides(tree: dict, overrides: Iterable[str]) -> dict:
+def apply_overrides(tree: dict, overrides: Iterable[str], schema: type = PPOConfig) -> dict:
     tree = copy.deepcopy(tree)
-    defaults = defaults_tree()
+    defaults = defaults_tree(schema)
     for raw in overrides:
         if raw.startswith("~"):
             path = raw[1:].split("=", 1)[0].split(".")
             try:
                 _set(tree, path, copy.deepcopy(_get(defaults, path)))
             except KeyError:
-                raise ConfigError(f"override {raw!r}: unknown key {'.'.join(path)}{did_you_mean('.'.join(path))}") from None
+                raise ConfigError(f"override {raw!r}: unknown key {'.'.join(path)}{did_you_mean('.'.join(path), schema)}") from None
             continue
         if "=" not in raw:
             raise ConfigError(f"override {raw!r}: expected key=value (or +key=value, ~key)")
@@ -240,9 +240,9 @@ def apply_overrides(tree: dict, overrides: Iterable[str]) -> dict:
         if not key or any(not p for p in path):
             raise ConfigError(f"override {raw!r}: malformed key {key!r}")
         try:
-            _, free = _field_type(path)
+            _, free = _field_type(path, schema)
         except KeyError:
-            raise ConfigError(f"override {raw!r}: unknown key {key}{did_you_mean(key)}") from None
+            raise ConfigError(f"override {raw!r}: unknown key {key}{did_you_mean(key, schema)}") from None
         if free and not (add or force):
             try:
                 _get(tree, path)
@@ -262,7 +262,7 @@ def split_preset(overrides: list[str]) -> tuple[list[str], list[str]]:
 
 
 # ------------------------------------------------------------------------------------------ interpolation
-def resolve_links(tree: dict) -> dict:
+def resolve_links(tree: dict, schema: type = PPOConfig) -> dict:
     """Replace Link defaults and `${a.b}` strings by the values they point to."""
     tree = copy.deepcopy(tree)
 
@@ -274,7 +274,7 @@ def resolve_links(tree: dict) -> dict:
         try:
             value = _get(tree, target.split("."))
         except KeyError:
-            raise ConfigError(f"interpolation ${{{target}}}: no such key{did_you_mean(target)}") from None
+            raise ConfigError(f"interpolation ${{{target}}}: no such key{did_you_mean(target, schema)}") from None
         return resolve(value, stack + (target,))
 
     def resolve(value: Any, stack: tuple) -> Any:
@@ -300,7 +300,7 @@ def resolve_links(tree: dict) -> dict:
 
 
 # ------------------------------------------------------------------------------------------ typed build
-def coerce(value: Any, tp: Any, key: str) -> Any:
+def coerce(value: Any, tp: Any, key: str, root: Optional[type] = None) -> Any:
     inner, optional = _unwrap_optional(tp)
     if value is None:
         if optional or inner is Any:
@@ -311,12 +311,12 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
     if dataclasses.is_dataclass(inner):
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expects a section of keys, got {value!r}")
-        return build(inner, value, key)
+        return build(inner, value, key, root)
     origin = typing.get_origin(inner)
     if origin is list or inner is list:
         (item_tp,) = typing.get_args(inner) or (Any,)
         items = list(value) if isinstance(value, (list, tuple)) else [value]
-        return [coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(items)]
+        return [coerce(v, item_tp, f"{key}[{i}]", root) for i, v in enumerate(items)]
     if origin is dict or inner is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expects a mapping, got {value!r}")
@@ -355,15 +355,15 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
-def build(cls: type, tree: dict, prefix: str = "") -> Any:
+def build(cls: type, tree: dict, prefix: str = "", root: Optional[type] = None) -> Any:
     """A frozen dataclass from a resolved tree; unknown keys are errors with a did-you-mean."""
     hints = _hints(cls)
     kwargs = {}
     for k, v in tree.items():
         key = f"{prefix}.{k}" if prefix else k
         if k not in hints:
-            raise ConfigError(f"unknown key {key}{did_you_mean(key)}")
-        kwargs[k] = coerce(v, hints[k], key)
+            raise ConfigError(f"unknown key {key}{did_you_mean(key, root or cls)}")
+        kwargs[k] = coerce(v, hints[k], key, root or cls)
     return cls(**kwargs)
 
 
@@ -372,30 +372,33 @@ def compose(
     overrides: Iterable[str] = (),
     config_name: Optional[str] = None,
     config_path: Optional[str] = None,
+    schema: type = PPOConfig,
 ) -> dict:
     """The resolved tree (plain dict) of a job: defaults <- config file <- presets <- overrides."""
-    tree = defaults_tree()
+    tree = defaults_tree(schema)
     if config_name:
         name = config_name if config_name.endswith(".yaml") else f"{config_name}.yaml"
         path = os.path.join(config_path or CONFIG_DIR, name)
         if not os.path.isfile(path) and config_path is None:
             path = os.path.join(CONFIG_DIR, name)
-        tree = merge(tree, load_yaml(path), where=path)
+        tree = merge(tree, load_yaml(path), where=path, schema=schema)
     presets, rest = split_preset(list(overrides))
     for p in presets:
         path = preset_path(p)
-        tree = merge(tree, load_yaml(path), where=path)
-    tree = apply_overrides(tree, rest)
-    return resolve_links(tree)
+        tree = merge(tree, load_yaml(path), where=path, schema=schema)
+    tree = apply_overrides(tree, rest, schema)
+    return resolve_links(tree, schema)
 
 
 def load_config(
     overrides: Iterable[str] = (),
     config_name: Optional[str] = None,
     config_path: Optional[str] = None,
-) -> PPOConfig:
-    """Build the typed job config. Raises ConfigError naming the key on any mistake."""
-    return build(PPOConfig, compose(overrides, config_name, config_path))
+    schema: type = PPOConfig,
+) -> Any:
+    """Build the typed job config (a PPOConfig unless another schema is given). Raises ConfigError naming
+    the key on any mistake."""
+    return build(schema, compose(overrides, config_name, config_path, schema))
 
 
 def to_dict(cfg: Any) -> Any:

@@ -1,0 +1,196 @@
+"""vLLM 0.26 rollout engine, in-process and colocated with the Megatron actor (GPU only).
+
+One `LLM` per process. Its tensor-parallel group is formed from the process group our worker already
+initialized (`distributed_executor_backend="external_launcher"`): vLLM groups consecutive ranks into
+replicas of tp_g, which is exactly the rollout layout of hybridrl.hybrid.plan (replica = rank // tp_g).
+`VLLM_ENABLE_V1_MULTIPROCESSING=0` keeps the model in this process, so weights stream in through
+`apply_model(lambda m: m.load_weights(...))` with no copy across processes.
+
+The engine starts on dummy weights (the actor supplies the real ones at the first sync) with sleep
+mode on: `sleep(level=2)` drops weights and KV cache (we reload weights every step anyway, so there is
+nothing worth offloading to host memory), `wake_up(["weights"])` re-allocates before a sync and
+`wake_up(["kv_cache"])` before generation.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Iterable, Optional
+
+import torch
+
+from hybridrl.protocol import DataProto
+
+from .assemble import assemble_rollout
+from .base import ROLLOUT_ENGINES, EngineMemory, RolloutEngine, SamplingParams
+
+# Must be set before vllm is imported anywhere in this process.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+# HF projections that vLLM fuses into one parameter, in the order it stacks them.
+PACKED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+
+@ROLLOUT_ENGINES.register("vllm")
+class VLLMRolloutEngine(RolloutEngine):
+    def __init__(
+        self,
+        model_dir: str,
+        *,
+        tp_size: int,
+        dtype: str = "bfloat16",
+        gpu_memory_utilization: float = 0.5,
+        max_model_len: Optional[int] = None,
+        max_num_seqs: int = 1024,
+        max_num_batched_tokens: int = 8192,
+        enforce_eager: bool = False,
+        enable_chunked_prefill: bool = True,
+        enable_prefix_caching: bool = True,
+        seed: int = 0,
+        pad_token_id: int = 0,
+        eos_token_ids: tuple[int, ...] = (),
+        trust_remote_code: bool = False,
+        engine_kwargs: Optional[dict[str, Any]] = None,
+    ) -> None:
+        if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
+            raise RuntimeError("VLLM_ENABLE_V1_MULTIPROCESSING must be 0 for the colocated engine (set before importing vllm)")
+        from vllm import LLM
+
+        self.tp_size = tp_size
+        self.pad_token_id = pad_token_id
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.llm = LLM(
+            model=model_dir,
+            tokenizer=model_dir,
+            trust_remote_code=trust_remote_code,
+            tensor_parallel_size=tp_size,
+            distributed_executor_backend="external_launcher",
+            dtype=dtype,
+            load_format="dummy",
+            enable_sleep_mode=True,
+            gpu_memory_utilization=gpu_memory_utilization,
+            max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            enforce_eager=enforce_eager,
+            enable_chunked_prefill=enable_chunked_prefill,
+            enable_prefix_caching=enable_prefix_caching,
+            seed=seed,
+            logprobs_mode="processed_logprobs",
+            disable_log_stats=True,
+            **(engine_kwargs or {}),
+        )
+        self._asleep = False
+
+    # ------------------------------------------------------------------ generation
+    def generate(self, prompts: DataProto, sampling: SamplingParams) -> DataProto:
+        from vllm import SamplingParams as VSampling
+
+        ids, mask = prompts.batch["input_ids"], prompts.batch["attention_mask"]
+        token_lists = [row[m.bool()].tolist() for row, m in zip(ids.cpu(), mask.cpu())]
+        params = []
+        for i in range(len(token_lists)):
+            params.append(VSampling(
+                n=sampling.n,
+                temperature=0.0 if sampling.greedy else sampling.temperature,
+                top_p=1.0 if sampling.greedy else sampling.top_p,
+                top_k=0 if (sampling.greedy or sampling.top_k <= 0) else sampling.top_k,
+                max_tokens=sampling.max_tokens,
+                stop_token_ids=list(sampling.stop_token_ids) or None,
+                stop=list(sampling.stop) or None,
+                include_stop_str_in_output=True,
+                ignore_eos=sampling.ignore_eos,
+                # per-prompt seeds so prompts do not share random draws; children get seed + index
+                seed=None if sampling.seed is None else sampling.seed + i * sampling.n,
+                logprobs=0 if sampling.logprobs else None,
+                skip_special_tokens=False,
+            ))
+        outputs = self.llm.generate([{"prompt_token_ids": t} for t in token_lists], params, use_tqdm=False)
+        responses: list[list[int]] = []
+        logprobs: list[list[float]] = []
+        for out in outputs:
+            if len(out.outputs) != sampling.n:
+                raise RuntimeError(f"vLLM returned {len(out.outputs)} samples for a prompt, expected n={sampling.n}")
+            for comp in out.outputs:
+                toks = list(comp.token_ids)
+                responses.append(toks)
+                if sampling.logprobs and comp.logprobs is not None:
+                    logprobs.append([step[t].logprob for step, t in zip(comp.logprobs, toks)])
+                else:
+                    logprobs.append([0.0] * len(toks))
+        return assemble_rollout(
+            prompts, responses, logprobs, n=sampling.n, max_tokens=sampling.max_tokens,
+            pad_token_id=self.pad_token_id,
+        )
+
+    # ------------------------------------------------------------------ weights
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        batch = list(weights)  # a bucket: already bounded in size by the sender
+        self.llm.apply_model(lambda model: model.load_weights(batch))
+
+    def weight_checksums(self, hf_names: Iterable[str]) -> dict[str, float]:
+        """Float64 sums of the named HF weights as vLLM holds them, reduced over the replica's tp group.
+
+        Fused parameters (qkv_proj, gate_up_proj) hold several HF tensors: the returned value of each
+        member is the fused parameter's sum (the sender compares against the sum of its members).
+        Replicated parameters are divided by tp_g; key/value heads replicated across tp ranks are
+        counted by their replica factor (see `expected_fused_sum`).
+        """
+        wanted = list(hf_names)
+        return self.llm.apply_model(lambda model: _local_sums(model, wanted, self.tp_size))[0]
+
+    # ------------------------------------------------------------------ memory phases
+    def wake_up(self, tags: Optional[list[str]] = None) -> None:
+        self.llm.wake_up(tags)
+        self._asleep = False
+
+    def sleep(self, level: int = 2) -> None:
+        self.llm.sleep(level=level)
+        self._asleep = True
+
+    def memory(self) -> EngineMemory:
+        free, total = torch.cuda.mem_get_info()
+        return EngineMemory(extra={"device_free_bytes": free, "device_total_bytes": total})
+
+
+def _vllm_name(hf_name: str) -> tuple[str, int, int]:
+    """(vLLM parameter name, index within its fused group, group size) of an HF weight name."""
+    for fused, members in PACKED.items():
+        for i, m in enumerate(members):
+            if f".{m}." in hf_name:
+                return hf_name.replace(f".{m}.", f".{fused}."), i, len(members)
+    return hf_name, 0, 1
+
+
+def _local_sums(model: torch.nn.Module, hf_names: list[str], tp_size: int) -> dict[str, float]:
+    params = dict(model.named_parameters())
+    out: dict[str, float] = {}
+    cache: dict[str, float] = {}
+    for hf in hf_names:
+        vname, _, _ = _vllm_name(hf)
+        if vname not in params:
+            if hf == "lm_head.weight" and "model.embed_tokens.weight" in params:
+                vname = "model.embed_tokens.weight"  # tied embeddings
+            else:
+                raise KeyError(f"vLLM model has no parameter for HF weight {hf} (looked for {vname})")
+        if vname not in cache:
+            p = params[vname].detach()
+            local = p.double().sum()
+            if tp_size > 1:
+                torch.distributed.all_reduce(local, group=_tp_group())
+                if not _is_sharded(p):
+                    local = local / tp_size
+            cache[vname] = float(local)
+        out[hf] = cache[vname]
+    return out
+
+
+def _is_sharded(p: torch.Tensor) -> bool:
+    # vLLM tags tensor-parallel weights with input_dim/output_dim; norms and other replicated
+    # weights carry neither. Row-parallel weights shard input_dim, column-parallel output_dim.
+    return getattr(p, "output_dim", None) is not None or getattr(p, "input_dim", None) is not None
+
+
+def _tp_group() -> Any:
+    from vllm.distributed.parallel_state import get_tp_group
+
+    return get_tp_group().device_group
