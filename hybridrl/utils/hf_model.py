@@ -1,0 +1,81 @@
+"""Turn `actor_rollout_ref.model.path` into a local HuggingFace folder every component can read.
+
+Megatron import, the converter and both rollout engines read `config.json`, `*.safetensors` and the
+tokenizer files from one folder. A folder that already has them is used as is. A GGUF model (e.g. the
+offline SmolLM2 package) is dequantized once through transformers and written as such a folder under
+a cache directory keyed by the file's size and mtime, so later runs reuse it.
+"""
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+from typing import Optional
+
+HF_CACHE_ENV = "HYBRIDRL_MODEL_CACHE"
+
+
+def _default_cache() -> str:
+    return os.environ.get(HF_CACHE_ENV, os.path.join(os.path.expanduser("~"), ".cache", "hybridrl", "models"))
+
+
+def find_gguf(path: str, gguf_file: Optional[str]) -> Optional[str]:
+    if gguf_file:
+        full = gguf_file if os.path.isabs(gguf_file) else os.path.join(path, gguf_file)
+        if not os.path.isfile(full):
+            raise FileNotFoundError(f"actor_rollout_ref.model.gguf_file={gguf_file}: no such file in {path}")
+        return full
+    if os.path.isfile(os.path.join(path, "config.json")):
+        return None
+    found = sorted(glob.glob(os.path.join(path, "*.gguf")))
+    if len(found) > 1:
+        raise ValueError(f"{path} holds several .gguf files {[os.path.basename(f) for f in found]}; "
+                         "choose one with actor_rollout_ref.model.gguf_file")
+    return found[0] if found else None
+
+
+def materialize_hf_dir(path: str, gguf_file: Optional[str] = None, cache_dir: Optional[str] = None) -> str:
+    """A local folder with config.json, safetensors weights and tokenizer files for the model at `path`."""
+    path = os.path.abspath(os.path.expanduser(path))
+    if not os.path.isdir(path):
+        raise FileNotFoundError(
+            f"actor_rollout_ref.model.path={path}: not a local folder (models are never downloaded at run time; "
+            "point it at a folder with config.json + *.safetensors, or a folder holding a .gguf file)")
+    gguf = find_gguf(path, gguf_file)
+    if gguf is None:
+        if not glob.glob(os.path.join(path, "*.safetensors")):
+            raise FileNotFoundError(f"{path}: config.json found but no *.safetensors weights")
+        return path
+    st = os.stat(gguf)
+    key = hashlib.sha1(f"{gguf}:{st.st_size}:{int(st.st_mtime)}".encode()).hexdigest()[:16]
+    out = os.path.join(cache_dir or _default_cache(), f"{os.path.basename(gguf)[:-5]}-{key}")
+    if os.path.isfile(os.path.join(out, ".complete")):
+        return out
+    _dequantize(gguf, out)
+    return out
+
+
+def _dequantize(gguf: str, out: str) -> None:
+    try:
+        import gguf as _  # noqa: F401  transformers needs it to read GGUF
+    except ImportError:
+        raise ImportError(f"{gguf}: reading GGUF models needs the `gguf` package (pip install gguf)") from None
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, name = os.path.dirname(gguf), os.path.basename(gguf)
+    print(f"hybridrl: dequantizing {name} into {out} (once; later runs reuse it)", flush=True)
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    os.makedirs(out, exist_ok=True)
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    if getattr(model.config, "tie_word_embeddings", False):
+        state.pop("lm_head.weight", None)  # safetensors refuses shared storage; HF re-ties on load
+    save_file(state, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    model.config.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    with open(os.path.join(out, "source.json"), "w") as f:
+        json.dump({"gguf": gguf}, f)
+    open(os.path.join(out, ".complete"), "w").close()
