@@ -64,6 +64,10 @@ class EngineMemory:
 class RolloutEngine(ABC):
     """One rollout replica's engine in this process (it may span tp_g ranks of the replica)."""
 
+    # How the hybrid engine's sync checks read this engine (hybridrl.hybrid.checks):
+    weight_dtype: Optional[torch.dtype] = None  # dtype the weights are held in; the sender rounds to it before summing
+    checksum_rtol: float = 1e-6  # allowed |engine sum - sent sum| / sum|x|; 0 = bitwise
+
     @abstractmethod
     def generate(self, prompts: DataProto, sampling: SamplingParams) -> DataProto: ...
 
@@ -71,9 +75,18 @@ class RolloutEngine(ABC):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy HF-named full tensors into the engine's weights (it shards them itself for tp_g)."""
 
+    def finish_weight_sync(self) -> None:
+        """Called once after the last bucket of a full sync: fail if a weight was not loaded, post-process."""
+        return None
+
     @abstractmethod
     def weight_checksums(self, hf_names: Iterable[str]) -> dict[str, float]:
         """Checksum (see hybridrl.hybrid.checks) of each named weight as the engine holds it."""
+
+    def checksum_terms(self, hf_name: str) -> list[tuple[str, float]]:
+        """Sent tensors and coefficients whose checksums add up to this engine's checksum of `hf_name`
+        (a fused qkv parameter: q, k and v); default: the tensor itself."""
+        return [(hf_name, 1.0)]
 
     def wake_up(self, tags: Optional[list[str]] = None) -> None:
         """Re-allocate what `sleep` freed: tags None = all, or ["weights"] / ["kv_cache"]."""

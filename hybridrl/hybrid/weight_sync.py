@@ -1,0 +1,181 @@
+"""WeightSync: move the actor's current weights into the colocated rollout engine, once per step.
+
+Ordering (every rank runs it; the export is collective, so all ranks take the same steps):
+
+  push(step)
+    1. actor.offload(optimizer, grads)       free training-only memory before the engine takes any
+    2. engine.wake_up(["weights"])           re-allocate the engine's weight buffers
+    3. for bucket in actor.export_weights(bucket_bytes):
+           record checksums of the sampled tensors (sender side), engine.load_weights(bucket)
+                                             one bucket alive at a time: the loop drops its reference
+                                             before asking the export for the next one, so the peak is
+                                             training shards + one bucket + the engine's own copy
+    4. engine.finish_weight_sync()           the engine fails if a weight was not sent
+    5. checks: engine.weight_checksums(sampled names) vs the sender's sums -> WeightSyncError naming it
+    6. actor.offload(params)                 only with param_offload: the export needed them until here
+    7. engine.wake_up(["kv_cache"])          KV cache last, into the memory the actor gave up
+  (generate)
+  release()
+    8. engine.sleep()                        when free_cache_engine: free weights + KV cache
+    9. actor.onload(what 1 and 6 offloaded)  training state back for log-probs and the update
+
+`rollout_phase(step)` wraps push/release around a block; `generate_sequences` is the per-step call a
+rollout worker makes.
+"""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator, Optional
+
+from hybridrl.protocol import DataProto
+from hybridrl.rollout.base import RolloutEngine, SamplingParams
+
+from .checks import SentChecksums, WeightSyncError, compare_checksums
+from .plan import ReshardPlan
+
+MB = 1 << 20
+
+
+@dataclass(frozen=True)
+class SyncOptions:
+    bucket_bytes: int = 512 * MB
+    param_offload: bool = False
+    free_cache_engine: bool = True
+    check: bool = True
+    check_fraction: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.bucket_bytes < 1:
+            raise ValueError(f"SyncOptions.bucket_bytes={self.bucket_bytes} must be >= 1 "
+                             f"(actor_rollout_ref.rollout.update_weights_bucket_megabytes)")
+        if not 0 < self.check_fraction <= 1:
+            raise ValueError(f"SyncOptions.check_fraction={self.check_fraction} must be in (0, 1] "
+                             f"(actor_rollout_ref.rollout.sync_check.sample_fraction)")
+
+    @classmethod
+    def from_config(cls, rollout_cfg: Any, megatron_cfg: Optional[Any] = None) -> "SyncOptions":
+        """From actor_rollout_ref.rollout and actor_rollout_ref.actor.megatron (for param_offload)."""
+        return cls(
+            bucket_bytes=rollout_cfg.update_weights_bucket_megabytes * MB,
+            param_offload=bool(getattr(megatron_cfg, "param_offload", False)),
+            free_cache_engine=rollout_cfg.free_cache_engine,
+            check=rollout_cfg.sync_check.enable,
+            check_fraction=rollout_cfg.sync_check.sample_fraction,
+        )
+
+
+class WeightSync:
+    def __init__(self, actor: Any, engine: RolloutEngine, options: SyncOptions,
+                 plan: Optional[ReshardPlan] = None) -> None:
+        self.actor = actor
+        self.engine = engine
+        self.options = options
+        self.plan = plan
+        self._offloaded: Optional[dict[str, bool]] = None  # what push() offloaded, for release()
+
+    # ------------------------------------------------------------------ the phases
+    def push(self, step: int) -> dict[str, float]:
+        """Steps 1-7: afterwards the engine holds this step's weights and is ready to generate."""
+        if self._offloaded is not None:
+            raise RuntimeError("WeightSync.push: the previous push was not released; call release() after generating")
+        metrics = self._offload(params=False, grads=True, optimizer=True)
+        self._offloaded = {"params": False, "grads": True, "optimizer": True}
+        start = time.perf_counter()
+        self.engine.wake_up(["weights"])
+        sent = SentChecksums(step, self.options.check_fraction, self.engine.weight_dtype, self.engine.checksum_terms)
+        metrics.update(self._stream(sent))
+        self.engine.finish_weight_sync()
+        if self.options.check:
+            metrics.update(self._check(sent))
+        metrics["timing_s/reshard"] = time.perf_counter() - start
+        if self.options.param_offload:
+            metrics["offload/params_bytes"] = float(self.actor.offload(params=True, grads=False, optimizer=False).params_bytes)
+            self._offloaded["params"] = True
+        self.engine.wake_up(["kv_cache"])
+        return metrics
+
+    def release(self) -> dict[str, float]:
+        """Steps 8-9: the engine sleeps (if free_cache_engine) and the training state comes back."""
+        if self._offloaded is None:
+            return {}
+        metrics: dict[str, float] = {}
+        if self.options.free_cache_engine:
+            start = time.perf_counter()
+            self.engine.sleep()
+            metrics["timing_s/engine_sleep"] = time.perf_counter() - start
+        report = self.actor.onload(**self._offloaded)
+        self._offloaded = None
+        metrics["timing_s/onload"] = float(report.seconds)
+        metrics["onload/bytes"] = float(report.total_bytes)
+        return metrics
+
+    @contextmanager
+    def rollout_phase(self, step: int) -> Iterator[dict[str, float]]:
+        """push() before the block, release() after it, even if generation raised."""
+        metrics: dict[str, float] = {}
+        try:
+            metrics.update(self.push(step))
+            yield metrics
+        finally:
+            metrics.update(self.release())
+
+    # ------------------------------------------------------------------ pieces
+    def _offload(self, *, params: bool, grads: bool, optimizer: bool) -> dict[str, float]:
+        report = self.actor.offload(params=params, grads=grads, optimizer=optimizer)
+        return {"timing_s/offload": float(report.seconds), "offload/bytes": float(report.total_bytes)}
+
+    def _stream(self, sent: SentChecksums) -> dict[str, float]:
+        limit = self.options.bucket_bytes
+        seen: set[str] = set()
+        total = buckets = tensors = biggest = 0
+        for bucket in self.actor.export_weights(limit):
+            size = _bucket_bytes(bucket, seen, limit, buckets)
+            sent.record_bucket(bucket)
+            self.engine.load_weights(bucket)
+            total, buckets, tensors, biggest = total + size, buckets + 1, tensors + len(bucket), max(biggest, size)
+            del bucket  # before the export builds the next one: never two buckets alive
+        if buckets == 0:
+            raise WeightSyncError("actor.export_weights yielded no weights")
+        return {"reshard/bytes": float(total), "reshard/buckets": float(buckets),
+                "reshard/tensors": float(tensors), "reshard/max_bucket_bytes": float(biggest)}
+
+    def _check(self, sent: SentChecksums) -> dict[str, float]:
+        start = time.perf_counter()
+        engine_sums = self.engine.weight_checksums(sent.names())
+        metrics = compare_checksums(sent, engine_sums, rtol=self.engine.checksum_rtol)
+        metrics["timing_s/sync_check"] = time.perf_counter() - start
+        return metrics
+
+
+def _bucket_bytes(bucket: list, seen: set[str], limit: int, index: int) -> int:
+    """Bytes of one bucket; fails on a repeated name or a bucket over the limit (the memory plan
+    allows one bucket; a single tensor bigger than the limit travels alone)."""
+    size = 0
+    for name, tensor in bucket:
+        if name in seen:
+            raise WeightSyncError(f"actor.export_weights sent {name!r} twice in one sync (bucket {index})")
+        seen.add(name)
+        size += tensor.numel() * tensor.element_size()
+    if len(bucket) > 1 and size > limit:
+        raise WeightSyncError(f"actor.export_weights bucket {index} holds {size} bytes in {len(bucket)} tensors, over "
+                              f"the {limit}-byte bucket limit (actor_rollout_ref.rollout.update_weights_bucket_megabytes)")
+    return size
+
+
+def generate_sequences(sync: WeightSync, prompts: DataProto, sampling: SamplingParams,
+                       *, step: int) -> tuple[DataProto, dict[str, float]]:
+    """One rollout step on this rank: sync the weights, generate this replica's prompts, release.
+
+    `prompts` is this replica's chunk (plan.prompt_slice); every rank of a replica passes the same one.
+    """
+    with sync.rollout_phase(step) as metrics:
+        start = time.perf_counter()
+        out = sync.engine.generate(prompts, sampling)
+        metrics["timing_s/generate"] = time.perf_counter() - start
+        mask = out.batch["response_mask"]
+        metrics["rollout/response_length_mean"] = float(mask.sum(-1).float().mean()) if len(out) else 0.0
+        metrics["rollout/tokens"] = float(mask.sum())
+    return out, metrics
+

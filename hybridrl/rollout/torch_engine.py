@@ -1,0 +1,241 @@
+"""Built-in rollout engine: a transformers causal LM with a KV cache and its own sampling loop.
+
+The CPU default and the reference the vLLM engine is checked against. It holds its own full copy of
+the weights (fp32 on CPU by default), filled only by `load_weights` from the hybrid engine's stream,
+never from a checkpoint. For tp_g > 1 it does not shard: every rank of a replica holds the full model
+and generates the same tokens (same seed), so the layout logic is exercised without a sharded kernel.
+
+Generation: prompts are left-padded, so one batched prefill with the prompt's attention mask and
+explicit position ids fills a DynamicCache; the cache is then repeated n times (no re-prefill per
+sample) and each decode step feeds one token per active row. Finished rows are dropped from the
+cache (`batch_select_indices`), so the step cost follows the rows still running.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable, Optional, Sequence
+
+import torch
+
+from hybridrl.hybrid.checks import tensor_checksum
+from hybridrl.protocol import DataProto
+
+from .assemble import assemble_rollout
+from .base import ROLLOUT_ENGINES, EngineMemory, RolloutEngine, SamplingParams
+from .sampling import RowSampler, StopChecker, processed_log_probs
+
+
+class WeightLoadError(ValueError):
+    """load_weights got a name, shape or set of names that does not match the engine's model."""
+
+
+@ROLLOUT_ENGINES.register("torch")
+class TorchRolloutEngine(RolloutEngine):
+    checksum_rtol = 0.0  # same kernel, same dtype, same layout on both sides: bitwise
+
+    def __init__(
+        self,
+        hf_config: Any,
+        *,
+        tokenizer: Optional[Any] = None,
+        eos_token_ids: Optional[Sequence[int]] = None,
+        pad_token_id: Optional[int] = None,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+        attn_implementation: str = "sdpa",
+    ) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.hf_config = hf_config
+        self.tokenizer = tokenizer
+        self.device = torch.device(device)
+        self.weight_dtype = dtype
+        self.eos_token_ids = _eos_ids(eos_token_ids, tokenizer, hf_config)
+        self.pad_token_id = _pad_id(pad_token_id, tokenizer, hf_config, self.eos_token_ids)
+        model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype, attn_implementation=attn_implementation)
+        self.model = model.to(self.device).eval().requires_grad_(False)
+        # remove_duplicate=False keeps tied aliases (lm_head.weight -> embed_tokens.weight) as names
+        self._params = dict(self.model.named_parameters(remove_duplicate=False))
+        self._canonical = _canonical_names(self._params)
+        self._required = set(self._canonical.values())
+        self._pending: set[str] = set()  # canonical names loaded since the last finished sync
+        self._complete = False  # every weight came from load_weights since init / the last level-2 sleep
+        self._awake = {"weights": True, "kv_cache": True}
+        self._cache: Optional[Any] = None  # the live KV cache, only during generate
+
+    # ------------------------------------------------------------------ weights
+    @torch.no_grad()
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self._require_awake("weights", "load_weights")
+        for name, tensor in weights:
+            target = self._params.get(name)
+            if target is None:
+                raise WeightLoadError(f"TorchRolloutEngine.load_weights: {name!r} is not a weight of "
+                                      f"{type(self.model).__name__}; expected HF names such as {_examples(self._params)}")
+            if tuple(tensor.shape) != tuple(target.shape):
+                raise WeightLoadError(f"TorchRolloutEngine.load_weights: {name!r} has shape {tuple(tensor.shape)}, "
+                                      f"the model's is {tuple(target.shape)} (wrong model config or a sharded tensor?)")
+            canonical = self._canonical[name]
+            if name != canonical and canonical in self._pending and not torch.equal(target, tensor.to(target)):
+                raise WeightLoadError(f"TorchRolloutEngine.load_weights: {name!r} is tied to {canonical!r} "
+                                      f"but arrived with different values")
+            target.copy_(tensor)
+            self._pending.add(canonical)
+
+    def finish_weight_sync(self) -> None:
+        missing = sorted(self._required - self._pending)
+        if missing:
+            raise WeightLoadError(f"TorchRolloutEngine: the sync did not send {len(missing)} weight(s): "
+                                  f"{missing[:8]}{' ...' if len(missing) > 8 else ''}")
+        self._pending.clear()
+        self._complete = True
+
+    def weight_checksums(self, hf_names: Iterable[str]) -> dict[str, float]:
+        out = {}
+        for name in hf_names:
+            if name not in self._params:
+                raise KeyError(f"TorchRolloutEngine.weight_checksums: no weight {name!r}")
+            out[name] = float(tensor_checksum(self._params[name]))
+        return out
+
+    def named_weights(self) -> dict[str, torch.Tensor]:
+        """The engine's weights by HF name (tied aliases included), for tests and debugging."""
+        return dict(self._params)
+
+    # ------------------------------------------------------------------ memory phases
+    def wake_up(self, tags: Optional[list[str]] = None) -> None:
+        for tag in tags or list(self._awake):
+            if tag not in self._awake:
+                raise ValueError(f"TorchRolloutEngine.wake_up: unknown tag {tag!r}; use 'weights' or 'kv_cache'")
+            self._awake[tag] = True
+
+    def sleep(self, level: int = 1) -> None:
+        """Nothing to free on CPU; the state is kept so a wrong phase order fails here as it would on GPU.
+        Level 2 discards the weights (as vLLM does): the next generate needs a full sync first."""
+        self._cache = None
+        self._awake = {"weights": False, "kv_cache": False}
+        if level >= 2:
+            self._complete = False
+            self._pending.clear()
+
+    def memory(self) -> EngineMemory:
+        weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        return EngineMemory(weights_bytes=weights, kv_cache_bytes=_cache_bytes(self._cache))
+
+    # ------------------------------------------------------------------ generation
+    @torch.inference_mode()
+    def generate(self, prompts: DataProto, sampling: SamplingParams) -> DataProto:
+        self._require_ready()
+        ids, mask, pos = (prompts.batch[k].to(self.device) for k in ("input_ids", "attention_mask", "position_ids"))
+        self._check_prompts(mask, sampling)
+        rows = ids.shape[0] * sampling.n
+        responses: list[list[int]] = [[] for _ in range(rows)]
+        logprobs: list[list[float]] = [[] for _ in range(rows)]
+        if sampling.max_tokens > 0 and rows > 0:
+            self._decode(ids, mask, pos, sampling, responses, logprobs)
+        return assemble_rollout(prompts, responses, logprobs if sampling.logprobs else None, n=sampling.n,
+                                max_tokens=sampling.max_tokens, pad_token_id=self.pad_token_id)
+
+    def _decode(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, sampling: SamplingParams,
+                responses: list[list[int]], logprobs: list[list[float]]) -> None:
+        from transformers import DynamicCache
+
+        n = sampling.n
+        self._cache = DynamicCache(config=self.hf_config)
+        logits = self._forward(ids, mask, pos)  # [B, V] at each prompt's last token
+        if n > 1:
+            self._cache.batch_repeat_interleave(n)
+            logits, mask, pos = (t.repeat_interleave(n, dim=0) for t in (logits, mask, pos))
+        active = torch.arange(ids.shape[0] * n, device=self.device)  # output row of each cache row
+        last_pos = pos[:, -1]
+        sampler = RowSampler(sampling, len(active))
+        stops = StopChecker(sampling, self.eos_token_ids, self.tokenizer)
+        try:
+            for step in range(sampling.max_tokens):
+                lp = processed_log_probs(logits, sampling)
+                tokens = sampler.draw(lp, active)
+                token_lp = lp.gather(-1, tokens[:, None])[:, 0]
+                for r, tok, tok_lp in zip(active.tolist(), tokens.tolist(), token_lp.tolist()):
+                    responses[r].append(tok)
+                    logprobs[r].append(tok_lp)
+                keep = ~stops.finished(tokens, active, responses)
+                if step == sampling.max_tokens - 1 or not keep.any():
+                    break
+                if not keep.all():
+                    self._cache.batch_select_indices(keep.nonzero()[:, 0])
+                    active, tokens, mask, last_pos = active[keep], tokens[keep], mask[keep], last_pos[keep]
+                mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=-1)
+                last_pos = last_pos + 1
+                logits = self._forward(tokens[:, None], mask, last_pos[:, None])
+        finally:
+            self._cache = None  # the cache lives for one generate call only
+
+    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=self._cache,
+                         use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1].float()
+
+    # ------------------------------------------------------------------ guards
+    def _require_awake(self, tag: str, what: str) -> None:
+        if not self._awake[tag]:
+            raise RuntimeError(f"TorchRolloutEngine.{what}: the engine is asleep; call wake_up([{tag!r}]) first")
+
+    def _require_ready(self) -> None:
+        self._require_awake("weights", "generate")
+        self._require_awake("kv_cache", "generate")
+        if not self._complete:
+            if self._pending == self._required:
+                self.finish_weight_sync()  # loaded in full by hand, without the hybrid engine
+            else:
+                missing = sorted(self._required - self._pending)
+                raise RuntimeError(f"TorchRolloutEngine.generate: weights not loaded ({len(missing)} missing, e.g. "
+                                   f"{missing[:4]}); stream them in with load_weights first")
+
+    def _check_prompts(self, mask: torch.Tensor, sampling: SamplingParams) -> None:
+        if sampling.n < 1:
+            raise ValueError(f"SamplingParams.n={sampling.n} must be >= 1")
+        if mask.shape[0] and not bool(mask[:, -1].all()):
+            raise ValueError("TorchRolloutEngine.generate: prompts must be left-padded (attention_mask[:, -1] == 1 on every row)")
+        limit = getattr(self.hf_config, "max_position_embeddings", None)
+        if limit is not None and mask.shape[-1] + sampling.max_tokens > limit:
+            raise ValueError(f"prompt length {mask.shape[-1]} + max_tokens {sampling.max_tokens} exceeds the model's "
+                             f"max_position_embeddings={limit}; lower data.max_prompt_length / max_response_length")
+
+
+def _canonical_names(params: dict[str, torch.nn.Parameter]) -> dict[str, str]:
+    """name -> the first name of the same tensor (tied weights share one)."""
+    first: dict[int, str] = {}
+    return {name: first.setdefault(id(p), name) for name, p in params.items()}
+
+
+def _examples(params: dict[str, Any]) -> list[str]:
+    return list(params)[:3]
+
+
+def _eos_ids(eos: Optional[Sequence[int]], tokenizer: Any, hf_config: Any) -> tuple[int, ...]:
+    if eos is None and tokenizer is not None and tokenizer.eos_token_id is not None:
+        eos = [tokenizer.eos_token_id]
+    if eos is None:
+        eos = getattr(hf_config, "eos_token_id", None)
+    if eos is None:
+        return ()
+    return tuple(int(e) for e in ([eos] if isinstance(eos, int) else eos))
+
+
+def _pad_id(pad: Optional[int], tokenizer: Any, hf_config: Any, eos: tuple[int, ...]) -> int:
+    for candidate in (pad, getattr(tokenizer, "pad_token_id", None), getattr(hf_config, "pad_token_id", None)):
+        if candidate is not None:
+            return int(candidate)
+    if eos:
+        return eos[0]  # verl's convention when a tokenizer has no pad token
+    raise ValueError("TorchRolloutEngine: no pad token id: pass pad_token_id=... or a tokenizer with one")
+
+
+def _cache_bytes(cache: Any) -> int:
+    if cache is None:
+        return 0
+    total = 0
+    for layer in getattr(cache, "layers", []):
+        for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+            if isinstance(t, torch.Tensor):
+                total += t.numel() * t.element_size()
+    return total
