@@ -1,0 +1,201 @@
+"""ModelArch + layout -> megatron-core GPTModel chunks (this rank's pipeline stage(s)).
+
+One builder for the three roles: the actor and the reference are language models; the critic is
+the same network with the vocab projection replaced by a scalar value head (see ValueHead).
+Layers come from the local spec (pure torch + megatron's tensor-parallel linears), or from the
+transformer-engine spec when transformer_engine imports on a GPU. fp32 on CPU, bf16 (or the
+layout's dtype) on GPU through megatron's Float16Module.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import logging
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+
+from hybridrl.config.validate import ParallelLayout
+
+from . import compat
+from .hf_config import ModelArch, check_layout
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def use_transformer_engine() -> bool:
+    """TE layers only on a GPU where transformer_engine imports (never required)."""
+    return compat.cuda_in_use() and importlib.util.find_spec("transformer_engine") is not None
+
+
+def model_dtype(layout: ParallelLayout) -> torch.dtype:
+    return DTYPES[layout.dtype] if compat.cuda_in_use() else torch.float32
+
+
+def transformer_config(arch: ModelArch, layout: ParallelLayout, *, recompute: bool = False,
+                       overrides: Optional[dict[str, Any]] = None) -> Any:
+    """megatron TransformerConfig equivalent to the HF model (dropout 0, no fused kernels needing apex)."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    check_layout(arch, layout.tp, layout.pp, layout.vpp)
+    dtype = model_dtype(layout)
+    te = use_transformer_engine()
+    sequence_parallel = layout.sequence_parallel and layout.tp > 1 and te
+    if layout.sequence_parallel and layout.tp > 1 and not te:
+        log.warning("sequence_parallel=true needs transformer-engine norms; running without it (local layer spec)")
+    kwargs: dict[str, Any] = dict(
+        num_layers=arch.num_layers,
+        hidden_size=arch.hidden_size,
+        ffn_hidden_size=arch.ffn_hidden_size,
+        num_attention_heads=arch.num_heads,
+        num_query_groups=arch.num_kv_heads,
+        kv_channels=arch.head_dim,
+        layernorm_epsilon=arch.norm_eps,
+        normalization="RMSNorm",
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=arch.qkv_bias,
+        qk_layernorm=arch.qk_norm,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        window_size=(arch.sliding_window - 1, 0) if arch.sliding_window else None,
+        tensor_model_parallel_size=layout.tp,
+        pipeline_model_parallel_size=layout.pp,
+        virtual_pipeline_model_parallel_size=layout.vpp,
+        context_parallel_size=layout.cp,
+        sequence_parallel=sequence_parallel,
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        bf16=dtype == torch.bfloat16,
+        fp16=dtype == torch.float16,
+        use_cpu_initialization=not compat.cuda_in_use(),
+        variable_seq_lengths=True,  # micro-batches are trimmed to their longest sequence
+        moe_token_dispatcher_type="alltoall",  # no MoE; megatron rejects the default with variable lengths
+        gradient_accumulation_fusion=False,  # needs apex/TE kernels
+        masked_softmax_fusion=False,
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        apply_rope_fusion=False,
+        persist_layer_norm=False,
+        attention_softmax_in_fp32=True,
+        recompute_granularity="full" if recompute else None,
+        recompute_method="uniform" if recompute else None,
+        recompute_num_layers=1 if recompute else None,
+    )
+    kwargs.update(overrides or {})
+    return TransformerConfig(**kwargs)
+
+
+def layer_spec(arch: ModelArch) -> Any:
+    from megatron.core.models.gpt import gpt_layer_specs as specs
+
+    if use_transformer_engine():
+        return specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=arch.qk_norm)
+    return specs.get_gpt_layer_local_spec(qk_layernorm=arch.qk_norm, normalization="RMSNorm")
+
+
+class ValueHead(torch.nn.Module):
+    """Critic head: hidden [s, b, h] -> values [s, b, 1].
+
+    Why a plain replicated linear and not megatron's ColumnParallelLinear: one output cannot be split
+    across tp ranks, and with sequence parallelism off every tp rank sees the same hidden states, so
+    replicas get identical gradients without extra communication. No bias, like HF's
+    *ForSequenceClassification `score`, whose name it takes on export. Initialised from a fixed seed
+    so every rank starts with the same weights when the HF folder has no `score.weight`.
+    """
+
+    def __init__(self, hidden_size: int, dtype: torch.dtype, init_std: float, seed: int) -> None:
+        super().__init__()
+        gen = torch.Generator().manual_seed(seed)
+        weight = torch.randn(1, hidden_size, generator=gen, dtype=torch.float32) * init_std
+        self.weight = torch.nn.Parameter(weight.to(device=compat.device(), dtype=dtype))
+
+    def forward(self, hidden: torch.Tensor, weight: Any = None, runtime_gather_output: Any = None):
+        # Same call signature and (output, bias) return as the vocab projection it replaces.
+        return F.linear(hidden, self.weight), None
+
+
+def build_model(arch: ModelArch, layout: ParallelLayout, *, value_head: bool = False, seed: int = 42,
+                init_std: float = 0.02, recompute: bool = False,
+                overrides: Optional[dict[str, Any]] = None) -> list[torch.nn.Module]:
+    """This rank's model chunks (one per virtual pipeline stage), on the training device and dtype.
+
+    GPU bf16/fp16 chunks are wrapped in megatron's Float16Module (outputs come back in fp32).
+    megatron's parallel state must be initialised (parallel.init_megatron) with the same layout.
+    """
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.transformer.module import Float16Module
+
+    config = transformer_config(arch, layout, recompute=recompute, overrides=overrides)
+    spec = layer_spec(arch)
+    chunks = []
+    for vp_stage in range(layout.vpp or 1):
+        stage = vp_stage if layout.vpp else None
+        pre = ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=stage)
+        post = ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=stage)
+        model = GPTModel(
+            config=config,
+            transformer_layer_spec=spec,
+            vocab_size=arch.padded_vocab(layout.tp),
+            max_sequence_length=arch.max_position_embeddings,
+            pre_process=pre,
+            post_process=post,
+            share_embeddings_and_output_weights=arch.tie_embeddings and not value_head,
+            position_embedding_type="rope",
+            rotary_percent=1.0,
+            rotary_base=int(arch.rope.theta) if float(arch.rope.theta).is_integer() else arch.rope.theta,
+            seq_len_interpolation_factor=arch.rope.factor if arch.rope.kind == "linear" else None,
+            vp_stage=stage,
+        )
+        _apply_llama3_rope(model, arch)
+        if value_head and post:
+            model.output_layer = ValueHead(arch.hidden_size, config.params_dtype, init_std, seed)
+        model.to(compat.device())
+        if config.bf16 or config.fp16:
+            model = Float16Module(config, model)
+        chunks.append(model)
+    return chunks
+
+
+def _apply_llama3_rope(model: Any, arch: ModelArch) -> None:
+    """llama3 frequency scaling with the HF config's own factors (megatron hard-codes 1/4/8192)."""
+    rope = arch.rope
+    if rope.kind != "llama3":
+        return
+    emb = model.rotary_pos_emb
+    emb.inv_freq = emb._apply_scaling(emb.inv_freq, factor=rope.factor, low_freq_factor=rope.low_freq_factor,
+                                      high_freq_factor=rope.high_freq_factor,
+                                      original_max_position_embeddings=rope.original_max_position_embeddings)
+
+
+def unwrap(module: torch.nn.Module) -> torch.nn.Module:
+    """The GPTModel inside DDP / Float16Module wrappers."""
+    while hasattr(module, "module") and not hasattr(module, "decoder"):
+        module = module.module
+    return module
+
+
+def wrap_ddp(chunks: list[torch.nn.Module], use_distributed_optimizer: bool,
+             overrides: Optional[dict[str, Any]] = None) -> list[torch.nn.Module]:
+    """megatron DDP around each chunk (grad buffers in fp32; bucketing only for the first chunk, as megatron does)."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True,
+        overlap_grad_reduce=False,
+        use_distributed_optimizer=use_distributed_optimizer,
+        **(overrides or {}),
+    )
+    config = unwrap(chunks[0]).config
+    return [DistributedDataParallel(config=config, ddp_config=ddp_config, module=chunk,
+                                    disable_bucketing=i > 0) for i, chunk in enumerate(chunks)]
+
+
+def describe(arch: ModelArch, layout: ParallelLayout) -> str:
+    fields = {f.name: getattr(arch, f.name) for f in dataclasses.fields(arch) if f.name != "source"}
+    return f"{arch.source}: {fields} on tp={layout.tp} pp={layout.pp} vpp={layout.vpp} dp={layout.dp}"

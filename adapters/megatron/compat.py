@@ -1,0 +1,217 @@
+"""The ONE place where megatron-core is made to run without CUDA (gloo + fp32 on CPU).
+
+megatron-core 0.16 assumes a GPU in a few places (../shared/notes/megatron-cpu.md):
+  * the tensor-parallel RNG tracker keeps torch.cuda generator states,
+  * the attention scratch buffer is allocated on torch.cuda.current_device(),
+  * schedules, p2p, DDP buffers and the optimizer create tensors with device="cuda" or an int
+    device, call `.cuda()`, torch.cuda streams/synchronize, and assert tensor type names such as
+    'torch.cuda.FloatTensor'.
+Instead of editing installed files, `apply()` (only when no CUDA device is used) installs
+  1. a CPU RNG tracker in tensor_parallel.random (same tracker names and seeds as megatron's),
+  2. no-op torch.cuda stream/synchronize/current_device stand-ins,
+  3. a torch function mode that maps device "cuda"/"cuda:N"/int to cpu, makes `.cuda()` a no-op
+     and reports CPU tensor type names as their CUDA names;
+and `install_memory_buffer()` (after model-parallel init) swaps in a CPU attention buffer.
+Everything is idempotent. A global redirect hides stray `.cuda()` calls, which is why device
+placement is tested on the GPU (tests/gpu) and why nothing outside this module touches devices.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+_APPLIED = False
+_MODE: "_CudaToCpu | None" = None
+
+
+# ------------------------------------------------------------------------------------------ device
+def cuda_in_use() -> bool:
+    """True when this process trains on a GPU (NCCL + bf16); False means the CPU path (gloo + fp32)."""
+    return torch.cuda.is_available() and not _APPLIED
+
+
+def device() -> torch.device:
+    """The device model tensors live on in this process."""
+    return torch.device("cuda", torch.cuda.current_device()) if cuda_in_use() else torch.device("cpu")
+
+
+def dist_backend() -> str:
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def synchronize() -> None:
+    if cuda_in_use():
+        torch.cuda.synchronize()
+
+
+def empty_cache() -> None:
+    if cuda_in_use():
+        torch.cuda.empty_cache()
+
+
+# ------------------------------------------------------------------------------------------ apply
+def apply() -> None:
+    """Make megatron-core usable on CPU. No-op when a CUDA device is available (idempotent)."""
+    global _APPLIED, _MODE
+    if _APPLIED or torch.cuda.is_available():
+        return
+    _stub_torch_cuda()
+    _MODE = _CudaToCpu()
+    _MODE.__enter__()  # stays pushed for the life of the process (CPU workers only)
+    _install_rng_tracker()
+    _APPLIED = True
+
+
+def install_memory_buffer() -> None:
+    """Replace megatron's attention scratch buffer with a CPU one (call after initialize_model_parallel)."""
+    if not _APPLIED:
+        return
+    from megatron.core import parallel_state
+
+    parallel_state._GLOBAL_MEMORY_BUFFER = _CpuMemoryBuffer()
+
+
+def model_parallel_seed(seed: int) -> None:
+    """megatron's model_parallel_cuda_manual_seed, on the CPU generator when CUDA is not used."""
+    from megatron.core import parallel_state, tensor_parallel
+    from megatron.core.tensor_parallel import random as mrandom
+
+    if not _APPLIED:
+        tensor_parallel.model_parallel_cuda_manual_seed(seed)
+        return
+    # Same names and seed offsets as megatron, so dropout streams match the GPU path's structure.
+    tracker = mrandom._CUDA_RNG_STATE_TRACKER
+    tracker.reset()
+    torch.manual_seed(seed)
+    tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    ep_rank = parallel_state.get_expert_model_parallel_rank()
+    etp_rank = parallel_state.get_expert_tensor_parallel_rank()
+    tracker.add(mrandom._DATA_PARALLEL_RNG_TRACKER_NAME, seed)
+    tracker.add(mrandom._MODEL_PARALLEL_RNG_TRACKER_NAME, seed + 2718 + tp_rank)
+    tracker.add(mrandom._EXPERT_PARALLEL_RNG_TRACKER_NAME, seed + 1024 + 100 * ep_rank + etp_rank)
+
+
+# ------------------------------------------------------------------------------------------ pieces
+class _CpuRNGTracker:
+    """tensor_parallel.random's tracker API on torch's CPU generator (fork swaps its state)."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.states_: dict[str, torch.Tensor] = {}
+        self.seeds_: set[int] = set()
+        self._is_initialized = False
+
+    def is_initialized(self) -> bool:
+        return self._is_initialized
+
+    def get_states(self) -> dict[str, torch.Tensor]:
+        return dict(self.states_)
+
+    def set_states(self, states: dict[str, torch.Tensor]) -> None:
+        self._is_initialized = True
+        self.states_ = dict(states)
+
+    def add(self, name: str, seed: int) -> None:
+        if seed in self.seeds_ or name in self.states_:
+            raise RuntimeError(f"RNG tracker: seed {seed} or state {name!r} already added")
+        self._is_initialized = True
+        self.seeds_.add(seed)
+        saved = torch.get_rng_state()
+        torch.manual_seed(seed)
+        self.states_[name] = torch.get_rng_state()
+        torch.set_rng_state(saved)
+
+    @contextlib.contextmanager
+    def fork(self, name: str = "model-parallel-rng"):
+        if name not in self.states_:
+            raise RuntimeError(f"RNG tracker: state {name!r} was never added")
+        saved = torch.get_rng_state()
+        torch.set_rng_state(self.states_[name])
+        try:
+            yield
+        finally:
+            self.states_[name] = torch.get_rng_state()
+            torch.set_rng_state(saved)
+
+
+def _install_rng_tracker() -> None:
+    from megatron.core.tensor_parallel import random as mrandom
+
+    if not isinstance(mrandom._CUDA_RNG_STATE_TRACKER, _CpuRNGTracker):
+        mrandom._CUDA_RNG_STATE_TRACKER = _CpuRNGTracker()
+        mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+
+
+class _CpuMemoryBuffer:
+    """megatron.core.utils.GlobalMemoryBuffer, allocating on CPU."""
+
+    def __init__(self) -> None:
+        self.buffer: dict[tuple[str, torch.dtype], torch.Tensor] = {}
+
+    def get_tensor(self, tensor_shape, dtype, name, mem_alloc_context=None):
+        numel = functools.reduce(lambda a, b: a * b, tensor_shape, 1)
+        buf = self.buffer.get((name, dtype))
+        if buf is None or buf.numel() < numel:
+            buf = self.buffer[(name, dtype)] = torch.empty(numel, dtype=dtype)
+        return buf[:numel].view(*tensor_shape)
+
+
+class _NoStream:
+    """Stands in for torch.cuda.Stream / Event: every call is a no-op."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *a, **k: None
+
+
+def _stub_torch_cuda() -> None:
+    cuda = torch.cuda
+    cuda.current_device = lambda: 0
+    cuda.synchronize = lambda *a, **k: None
+    cuda.empty_cache = lambda: None
+    cuda.set_device = lambda *a, **k: None
+    cuda.Stream = _NoStream
+    cuda.Event = _NoStream
+    cuda.stream = lambda *a, **k: contextlib.nullcontext()
+    cuda.current_stream = lambda *a, **k: _NoStream()
+    cuda.default_stream = lambda *a, **k: _NoStream()
+
+
+_CUDA_TYPE_NAMES = {
+    "torch.FloatTensor": "torch.cuda.FloatTensor",
+    "torch.HalfTensor": "torch.cuda.HalfTensor",
+    "torch.BFloat16Tensor": "torch.cuda.BFloat16Tensor",
+}
+
+
+def _is_cuda_device(d: Any) -> bool:
+    if isinstance(d, torch.device):
+        return d.type == "cuda"
+    if isinstance(d, str):
+        return d.startswith("cuda")
+    return isinstance(d, int) and not isinstance(d, bool)
+
+
+class _CudaToCpu(TorchFunctionMode):
+    """device="cuda"/int -> cpu, Tensor.cuda() -> self, Tensor.type() -> CUDA type names."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.Tensor.cuda:
+            return args[0]
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
+            name = func(*args)
+            return _CUDA_TYPE_NAMES.get(name, name)
+        if "device" in kwargs and _is_cuda_device(kwargs["device"]):
+            kwargs = dict(kwargs, device="cpu")
+        if func is torch.Tensor.to and len(args) > 1 and _is_cuda_device(args[1]):
+            args = (args[0], "cpu", *args[2:])
+        return func(*args, **kwargs)

@@ -1,0 +1,164 @@
+"""HuggingFace config -> ModelArch: the architecture facts the builder and the weight mapping share.
+
+Supported families: llama, qwen2, mistral, qwen3 (decoder-only, RMSNorm, SwiGLU, RoPE, GQA).
+Every rejection names the HF config field (config.json key) and what would make it work, so a user
+with an unsupported checkpoint knows immediately why instead of getting wrong log-probs.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+SUPPORTED = ("llama", "qwen2", "mistral", "qwen3")
+# Padding the vocab to a multiple of 1024 keeps the padded size the same for every power-of-two tp
+# up to 1024, so a checkpoint saved at tp=2 loads at tp=4 (embedding shapes are layout-independent).
+VOCAB_PAD_MULTIPLE = 1024
+
+
+class UnsupportedModelError(ValueError):
+    """The HF checkpoint uses an architecture or option this backend does not implement."""
+
+
+@dataclass(frozen=True)
+class RopeSpec:
+    theta: float
+    kind: str = "default"  # default | linear | llama3
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+@dataclass(frozen=True)
+class ModelArch:
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    ffn_hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    norm_eps: float
+    rope: RopeSpec
+    max_position_embeddings: int
+    tie_embeddings: bool
+    qkv_bias: bool
+    qk_norm: bool
+    sliding_window: Optional[int] = None
+    hf_dtype: str = "float32"  # dtype of the HF weights on disk (exports are written back in it)
+    source: str = field(default="<config>", compare=False)
+
+    @property
+    def heads_per_group(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+    def padded_vocab(self, tp: int) -> int:
+        multiple = math.lcm(VOCAB_PAD_MULTIPLE, tp)
+        return -(-self.vocab_size // multiple) * multiple
+
+
+def load_hf_config(path_or_config: Any) -> Any:
+    """A transformers PretrainedConfig from a folder (offline) or as given."""
+    if not isinstance(path_or_config, (str, os.PathLike)):
+        return path_or_config
+    path = os.path.expanduser(str(path_or_config))
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise FileNotFoundError(f"{path}: no config.json; expected a HuggingFace model folder")
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(path, local_files_only=True)
+
+
+def arch_from_hf(path_or_config: Any) -> ModelArch:
+    """Translate (and check) a HF config; raises UnsupportedModelError naming the field."""
+    cfg = load_hf_config(path_or_config)
+    src = str(path_or_config) if isinstance(path_or_config, (str, os.PathLike)) else "<config>"
+    model_type = getattr(cfg, "model_type", None)
+    if model_type not in SUPPORTED:
+        raise UnsupportedModelError(f"{src}: model_type={model_type!r} is not supported; supported: "
+                                    f"{', '.join(SUPPORTED)} (config.json field model_type)")
+    _check(cfg, src, "hidden_act", "silu", "only SwiGLU MLPs (hidden_act=silu) are implemented")
+    _check(cfg, src, "mlp_bias", False, "MLP biases are not implemented")
+    if model_type in ("llama", "mistral", "qwen3"):
+        _check(cfg, src, "attention_bias", False, "attention projection biases are not implemented for this family")
+    if getattr(cfg, "use_sliding_window", False):
+        raise UnsupportedModelError(f"{src}: use_sliding_window=true ({model_type} per-layer sliding windows) is "
+                                    "not supported; set it to false in config.json if your sequences fit the window")
+    heads, kv = cfg.num_attention_heads, getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    if heads % kv:
+        raise UnsupportedModelError(f"{src}: num_attention_heads={heads} is not a multiple of num_key_value_heads={kv}")
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    window = getattr(cfg, "sliding_window", None) if model_type == "mistral" else None
+    return ModelArch(
+        model_type=model_type,
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size,
+        ffn_hidden_size=cfg.intermediate_size,
+        num_layers=cfg.num_hidden_layers,
+        num_heads=heads,
+        num_kv_heads=kv,
+        head_dim=head_dim,
+        norm_eps=float(cfg.rms_norm_eps),
+        rope=_rope(cfg, src),
+        max_position_embeddings=cfg.max_position_embeddings,
+        tie_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
+        qkv_bias=model_type == "qwen2",  # Qwen2 always has q/k/v biases (no config field)
+        qk_norm=model_type == "qwen3",
+        sliding_window=window,
+        hf_dtype=_dtype_name(cfg),
+        source=src,
+    )
+
+
+def check_layout(arch: ModelArch, tp: int, pp: int, vpp: Optional[int], key: str = "*.megatron") -> None:
+    """Divisibility of heads/layers by the parallel sizes; the message says which knob to turn."""
+    problems = []
+    if arch.num_heads % tp:
+        problems.append(f"num_attention_heads={arch.num_heads} is not divisible by {key}.tensor_model_parallel_size={tp}")
+    if arch.num_kv_heads % tp:
+        problems.append(f"num_key_value_heads={arch.num_kv_heads} is not divisible by "
+                        f"{key}.tensor_model_parallel_size={tp} (each tp rank needs whole query groups)")
+    stages = pp * (vpp or 1)
+    if arch.num_layers % stages:
+        problems.append(f"num_hidden_layers={arch.num_layers} is not divisible by pipeline_model_parallel_size*"
+                        f"virtual_pipeline_model_parallel_size = {pp}*{vpp or 1}; choose {key}.pipeline_model_parallel_size "
+                        f"(and virtual size) whose product divides {arch.num_layers}")
+    if problems:
+        raise ValueError(f"{arch.source}: layout does not fit the model: " + "; ".join(problems))
+
+
+# ------------------------------------------------------------------------------------------ helpers
+def _check(cfg: Any, src: str, name: str, want: Any, why: str) -> None:
+    value = getattr(cfg, name, want)
+    if value != want:
+        raise UnsupportedModelError(f"{src}: {name}={value!r} is not supported ({why}); expected {want!r}")
+
+
+def _rope(cfg: Any, src: str) -> RopeSpec:
+    # transformers 5 keeps theta and scaling in rope_parameters; 4.x configs in rope_theta / rope_scaling.
+    params = dict(getattr(cfg, "rope_parameters", None) or {})
+    legacy = getattr(cfg, "rope_scaling", None)
+    if not params and legacy:
+        params = dict(legacy)
+    theta = params.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))
+    kind = params.get("rope_type", params.get("type", "default")) or "default"
+    if kind == "default":
+        return RopeSpec(theta=float(theta))
+    if kind == "linear":
+        return RopeSpec(theta=float(theta), kind="linear", factor=float(params["factor"]))
+    if kind == "llama3":
+        return RopeSpec(theta=float(theta), kind="llama3", factor=float(params["factor"]),
+                        low_freq_factor=float(params.get("low_freq_factor", 1.0)),
+                        high_freq_factor=float(params.get("high_freq_factor", 4.0)),
+                        original_max_position_embeddings=int(params.get("original_max_position_embeddings", 8192)))
+    raise UnsupportedModelError(f"{src}: rope_scaling / rope_parameters rope_type={kind!r} is not supported "
+                                "(supported: default, linear, llama3)")
+
+
+def _dtype_name(cfg: Any) -> str:
+    dtype = getattr(cfg, "dtype", None) or getattr(cfg, "torch_dtype", None) or "float32"
+    name = str(dtype).replace("torch.", "")
+    return name if name in ("float32", "bfloat16", "float16") else "float32"

@@ -1,0 +1,203 @@
+"""THE weight mapping between HuggingFace names/layouts and megatron-core GPTModel shards.
+
+Import (HF safetensors -> shards), export (shards -> HF tensors, also used by the rollout weight
+sync), the converter CLIs and the merger all go through `plan()` and the two conversions below;
+no other file knows how QKV is fused or where padding goes.
+
+Layouts (h hidden, d head_dim, n heads, k kv heads, p = n/k heads per group, f ffn, V vocab,
+Vp padded vocab, tp rank r of t):
+  qkv   megatron linear_qkv rows are grouped per query group g: [q heads of g (p*d rows); k_g (d); v_g (d)];
+        rank r holds the contiguous groups [r*k/t, (r+1)*k/t). HF keeps q_proj, k_proj, v_proj apart.
+  fc1   megatron linear_fc1 on rank r is [gate rows of r; up rows of r] (each f/t rows); HF gate_proj, up_proj.
+  vocab embedding / output rows padded from V to Vp with zeros; rank r holds rows [r*Vp/t, (r+1)*Vp/t).
+  column / row  split along dim 0 / dim 1; replicated: norms, q/k norms, the critic's value head.
+Pipeline: global layer g lives in chunk c = g // (L/(pp*vpp)) -> vp stage c // pp, pp rank c % pp
+(megatron's interleaved assignment), local index g % (L/(pp*vpp)).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+
+from .hf_config import ModelArch
+
+# (hf name, rows, cols) -> tensor; rows/cols are slices of the HF tensor to read (None: all).
+Reader = Callable[[str, Optional[slice], Optional[slice]], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One megatron parameter of one chunk and the HF tensors it corresponds to."""
+
+    mcore: str  # parameter name inside the (unwrapped) GPTModel chunk
+    hf: tuple[str, ...]
+    hf_shapes: tuple[tuple[int, ...], ...]
+    kind: str  # replicated | column | row | vocab | qkv | fc1
+    pp_rank: int
+    vp_stage: int
+    export: bool = True  # False for the tied output-layer copy on the last stage
+    optional: bool = False  # may be absent from the HF folder (a fresh value head)
+
+
+@dataclass(frozen=True)
+class Topology:
+    tp: int
+    pp: int
+    vpp: Optional[int] = None
+    te_names: bool = False  # transformer-engine spec: norms fused into the following linear
+    value_head: bool = False
+    extra: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def chunks(self) -> int:
+        return self.vpp or 1
+
+
+def layer_owner(layer: int, arch: ModelArch, topo: Topology) -> tuple[int, int, int]:
+    """(pp_rank, vp_stage, local index) of a global layer."""
+    per_chunk = arch.num_layers // (topo.pp * topo.chunks)
+    chunk = layer // per_chunk
+    return chunk % topo.pp, chunk // topo.pp, layer % per_chunk
+
+
+def plan(arch: ModelArch, topo: Topology) -> list[Entry]:
+    """Every parameter of the whole model in a fixed order (the same on every rank)."""
+    h, d, V = arch.hidden_size, arch.head_dim, arch.vocab_size
+    first, last = (0, 0), (topo.pp - 1, topo.chunks - 1)
+    out = [Entry("embedding.word_embeddings.weight", ("model.embed_tokens.weight",), ((V, h),), "vocab", *first)]
+    for layer in range(arch.num_layers):
+        out += _layer_entries(arch, topo, layer)
+    out.append(Entry("decoder.final_layernorm.weight", ("model.norm.weight",), ((h,),), "replicated", *last))
+    if topo.value_head:
+        out.append(Entry("output_layer.weight", ("score.weight",), ((1, h),), "replicated", *last, optional=True))
+    elif not arch.tie_embeddings:
+        out.append(Entry("output_layer.weight", ("lm_head.weight",), ((V, h),), "vocab", *last))
+    elif topo.pp > 1:
+        # Tied weights on several stages: the last stage keeps its own copy of the embedding.
+        out.append(Entry("output_layer.weight", ("model.embed_tokens.weight",), ((V, h),), "vocab", *last,
+                         export=False))
+    return out
+
+
+def _layer_entries(arch: ModelArch, topo: Topology, layer: int) -> list[Entry]:
+    h, d, f = arch.hidden_size, arch.head_dim, arch.ffn_hidden_size
+    nq, nkv = arch.num_heads * d, arch.num_kv_heads * d
+    pp_rank, vp_stage, local = layer_owner(layer, arch, topo)
+    m, hf = f"decoder.layers.{local}.", f"model.layers.{layer}."
+    in_norm = "self_attention.linear_qkv.layer_norm_weight" if topo.te_names else "input_layernorm.weight"
+    mlp_norm = "mlp.linear_fc1.layer_norm_weight" if topo.te_names else "pre_mlp_layernorm.weight"
+    qkv = tuple(f"{hf}self_attn.{x}_proj.weight" for x in "qkv")
+
+    def e(mname, hf_names, shapes, kind):
+        return Entry(m + mname, tuple(hf_names), tuple(shapes), kind, pp_rank, vp_stage)
+
+    out = [
+        e(in_norm, [hf + "input_layernorm.weight"], [(h,)], "replicated"),
+        e("self_attention.linear_qkv.weight", qkv, [(nq, h), (nkv, h), (nkv, h)], "qkv"),
+    ]
+    if arch.qkv_bias:
+        out.append(e("self_attention.linear_qkv.bias", [n.replace(".weight", ".bias") for n in qkv],
+                     [(nq,), (nkv,), (nkv,)], "qkv"))
+    if arch.qk_norm:
+        out.append(e("self_attention.q_layernorm.weight", [hf + "self_attn.q_norm.weight"], [(d,)], "replicated"))
+        out.append(e("self_attention.k_layernorm.weight", [hf + "self_attn.k_norm.weight"], [(d,)], "replicated"))
+    out += [
+        e("self_attention.linear_proj.weight", [hf + "self_attn.o_proj.weight"], [(h, nq)], "row"),
+        e(mlp_norm, [hf + "post_attention_layernorm.weight"], [(h,)], "replicated"),
+        e("mlp.linear_fc1.weight", [hf + "mlp.gate_proj.weight", hf + "mlp.up_proj.weight"], [(f, h), (f, h)], "fc1"),
+        e("mlp.linear_fc2.weight", [hf + "mlp.down_proj.weight"], [(h, f)], "row"),
+    ]
+    return out
+
+
+# ------------------------------------------------------------------------------------------ HF -> shard
+def hf_to_shard(entry: Entry, read: Reader, arch: ModelArch, rank: int, tp: int) -> torch.Tensor:
+    """This tp rank's megatron shard of `entry`, reading only the rows/columns it needs."""
+    if entry.kind == "replicated":
+        return read(entry.hf[0], None, None)
+    if entry.kind == "column":
+        return read(entry.hf[0], _part(entry.hf_shapes[0][0], rank, tp), None)
+    if entry.kind == "row":
+        return read(entry.hf[0], None, _part(entry.hf_shapes[0][1], rank, tp))
+    if entry.kind == "vocab":
+        return _vocab_shard(entry, read, arch, rank, tp)
+    if entry.kind == "fc1":
+        rows = _part(arch.ffn_hidden_size, rank, tp)
+        return torch.cat([read(entry.hf[0], rows, None), read(entry.hf[1], rows, None)], dim=0)
+    if entry.kind == "qkv":
+        return _qkv_shard(entry, read, arch, rank, tp)
+    raise AssertionError(f"unknown mapping kind {entry.kind!r}")
+
+
+def _part(n: int, rank: int, tp: int) -> slice:
+    size = n // tp
+    return slice(rank * size, (rank + 1) * size)
+
+
+def _vocab_shard(entry: Entry, read: Reader, arch: ModelArch, rank: int, tp: int) -> torch.Tensor:
+    padded = arch.padded_vocab(tp)
+    rows = _part(padded, rank, tp)
+    real = slice(rows.start, min(rows.stop, arch.vocab_size))
+    h = entry.hf_shapes[0][1]
+    if real.start >= real.stop:
+        return torch.zeros(rows.stop - rows.start, h)
+    part = read(entry.hf[0], real, None)
+    pad = (rows.stop - rows.start) - part.shape[0]
+    return torch.cat([part, part.new_zeros(pad, h)]) if pad else part
+
+
+def _qkv_shard(entry: Entry, read: Reader, arch: ModelArch, rank: int, tp: int) -> torch.Tensor:
+    d, p = arch.head_dim, arch.heads_per_group
+    groups = arch.num_kv_heads // tp
+    g0 = rank * groups
+    q = read(entry.hf[0], slice(g0 * p * d, (g0 + groups) * p * d), None)
+    k = read(entry.hf[1], slice(g0 * d, (g0 + groups) * d), None)
+    v = read(entry.hf[2], slice(g0 * d, (g0 + groups) * d), None)
+    tail = q.shape[1:]  # (h,) for weights, () for biases
+    fused = torch.cat([q.reshape(groups, p * d, *tail), k.reshape(groups, d, *tail), v.reshape(groups, d, *tail)], 1)
+    return fused.reshape(-1, *tail)
+
+
+# ------------------------------------------------------------------------------------------ shards -> HF
+def shards_to_hf(entry: Entry, shards: list[torch.Tensor], arch: ModelArch) -> list[tuple[str, torch.Tensor]]:
+    """Full HF tensors from all tp ranks' shards of `entry` (rank order), padding stripped."""
+    if entry.kind == "replicated":
+        return [(entry.hf[0], shards[0])]
+    if entry.kind == "column":
+        return [(entry.hf[0], torch.cat(shards, 0))]
+    if entry.kind == "row":
+        return [(entry.hf[0], torch.cat(shards, 1))]
+    if entry.kind == "vocab":
+        return [(entry.hf[0], torch.cat(shards, 0)[: arch.vocab_size])]
+    if entry.kind == "fc1":
+        halves = [s.chunk(2, dim=0) for s in shards]
+        return [(entry.hf[0], torch.cat([g for g, _ in halves], 0)), (entry.hf[1], torch.cat([u for _, u in halves], 0))]
+    if entry.kind == "qkv":
+        return _qkv_unfuse(entry, torch.cat(shards, 0), arch)
+    raise AssertionError(f"unknown mapping kind {entry.kind!r}")
+
+
+def _qkv_unfuse(entry: Entry, fused: torch.Tensor, arch: ModelArch) -> list[tuple[str, torch.Tensor]]:
+    d, p, groups = arch.head_dim, arch.heads_per_group, arch.num_kv_heads
+    tail = fused.shape[1:]
+    q, k, v = fused.reshape(groups, (p + 2) * d, *tail).split([p * d, d, d], dim=1)
+    return [(name, t.reshape(-1, *tail)) for name, t in zip(entry.hf, (q, k, v))]
+
+
+def is_tp_split(entry: Entry) -> bool:
+    return entry.kind != "replicated"
+
+
+def shard_shape(entry: Entry, arch: ModelArch, tp: int) -> tuple[int, ...]:
+    """Shape of one tp rank's shard (the same on every rank)."""
+    shapes = entry.hf_shapes
+    if entry.kind == "replicated":
+        return shapes[0]
+    if entry.kind == "vocab":
+        return (arch.padded_vocab(tp) // tp, shapes[0][1])
+    if entry.kind == "row":
+        return (shapes[0][0], shapes[0][1] // tp)
+    rows = sum(s[0] for s in shapes) // tp
+    return (rows, *shapes[0][1:])

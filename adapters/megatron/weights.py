@@ -1,0 +1,142 @@
+"""Moving weights between a HuggingFace folder and this rank's megatron chunks, through mapping.py.
+
+`load_hf_weights` (import): each rank reads only the tensors (and rows/columns) of its own shards.
+`export_hf_weights` (export, collective over all ranks of the role): for each parameter in the
+fixed plan order, the owning pipeline stage all-gathers the tp shards and un-fuses them into HF
+tensors, then broadcasts them over the pipeline group, so EVERY rank receives full HF tensors,
+bucket by bucket (never the whole model at once). Data-parallel replicas hold identical weights
+and do the same work independently. This is also what the rollout weight sync calls.
+"""
+from __future__ import annotations
+
+from typing import Iterator, Optional
+
+import torch
+import torch.distributed as dist
+
+from hybridrl.adapters.base import WeightBucket
+from hybridrl.config.validate import ParallelLayout
+
+from . import compat
+from .builder import unwrap
+from .hf_config import ModelArch
+from .hf_io import SafetensorsReader
+from .mapping import Entry, Topology, hf_to_shard, is_tp_split, plan, shards_to_hf
+
+
+def topology(chunks: list[torch.nn.Module], layout: ParallelLayout, value_head: bool) -> Topology:
+    """The mapping topology of built chunks (param naming follows the layer spec actually used)."""
+    names = {n for c in chunks for n, _ in unwrap(c).named_parameters()}
+    te = any(n.endswith("linear_qkv.layer_norm_weight") for n in names)
+    return Topology(tp=layout.tp, pp=layout.pp, vpp=layout.vpp, te_names=te, value_head=value_head)
+
+
+def _params(chunks: list[torch.nn.Module]) -> list[dict[str, torch.nn.Parameter]]:
+    return [dict(unwrap(c).named_parameters()) for c in chunks]
+
+
+def _ranks() -> tuple[int, int]:
+    from megatron.core import parallel_state as ps
+
+    return ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()
+
+
+def load_hf_weights(chunks: list[torch.nn.Module], hf_dir: str, arch: ModelArch, layout: ParallelLayout,
+                    value_head: bool = False, reader: Optional[SafetensorsReader] = None) -> int:
+    """Copy this rank's shards from the HF safetensors in `hf_dir`; returns the number of tensors set.
+
+    Call before building the optimizer (the distributed optimizer copies params into its fp32 shards).
+    Raises with the tensor, file and expected shape when the folder does not match the config.
+    """
+    reader = reader or SafetensorsReader(hf_dir)
+    tp_rank, pp_rank = _ranks()
+    params = _params(chunks)
+    assigned: set[tuple[int, str]] = set()
+    for entry in plan(arch, topology(chunks, layout, value_head)):
+        if entry.pp_rank != pp_rank:
+            continue
+        param = _param(params, entry)
+        if entry.optional and not reader.has(entry.hf[0]):
+            assigned.add((entry.vp_stage, entry.mcore))  # keeps its initialisation (a fresh value head)
+            continue
+        _check_shapes(entry, reader)
+        shard = hf_to_shard(entry, reader, arch, tp_rank, layout.tp)
+        if tuple(shard.shape) != tuple(param.shape):
+            raise AssertionError(f"mapping bug: {entry.mcore} shard {tuple(shard.shape)} vs param {tuple(param.shape)}")
+        with torch.no_grad():
+            param.copy_(shard)
+        assigned.add((entry.vp_stage, entry.mcore))
+    missing = [f"chunk {v}: {n}" for v, p in enumerate(params) for n in p if (v, n) not in assigned]
+    if missing:
+        raise AssertionError(f"mapping bug: parameters with no HF source: {missing}")
+    return len(assigned)
+
+
+def _param(params: list[dict[str, torch.nn.Parameter]], entry: Entry) -> torch.nn.Parameter:
+    try:
+        return params[entry.vp_stage][entry.mcore]
+    except KeyError:
+        raise AssertionError(f"mapping bug: model chunk {entry.vp_stage} has no parameter {entry.mcore!r}") from None
+
+
+def _check_shapes(entry: Entry, reader: SafetensorsReader) -> None:
+    for name, want in zip(entry.hf, entry.hf_shapes):
+        got = reader.shape(name)
+        if got != tuple(want):
+            raise ValueError(f"{reader.folder}: tensor {name} in {reader.where[name]} has shape {got} but config.json "
+                             f"implies {tuple(want)}; the weights do not belong to this config")
+
+
+def export_hf_weights(chunks: list[torch.nn.Module], arch: ModelArch, layout: ParallelLayout,
+                      bucket_bytes: int = 512 << 20, value_head: bool = False) -> Iterator[WeightBucket]:
+    """Yield lists of (hf_name, full tensor) of about `bucket_bytes` on every rank (collective).
+
+    Every rank must iterate to the end (the collectives run inside the generator). Tensors are in the
+    model dtype on the training device and may alias live parameters: copy them before the next update.
+    """
+    from megatron.core import parallel_state as ps
+
+    tp_rank, pp_rank = _ranks()
+    params = _params(chunks)
+    dtype = next(iter(params[0].values())).dtype
+    bucket: WeightBucket = []
+    size = 0
+    for entry in plan(arch, topology(chunks, layout, value_head)):
+        if not entry.export:
+            continue
+        tensors = _gather_on_owner(entry, params, arch, layout) if entry.pp_rank == pp_rank else None
+        if layout.pp > 1:
+            tensors = _broadcast_from_owner(entry, tensors, dtype, ps.get_pipeline_model_parallel_group())
+        for name, t in tensors:
+            bucket.append((name, t))
+            size += t.numel() * t.element_size()
+        if size >= bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+    if bucket:
+        yield bucket
+
+
+def _gather_on_owner(entry: Entry, params, arch: ModelArch, layout: ParallelLayout) -> list[tuple[str, torch.Tensor]]:
+    from megatron.core import parallel_state as ps
+
+    shard = _param(params, entry).detach()
+    if layout.tp > 1 and is_tp_split(entry):
+        shards = [torch.empty_like(shard) for _ in range(layout.tp)]
+        dist.all_gather(shards, shard.contiguous(), group=ps.get_tensor_model_parallel_group())
+    else:
+        shards = [shard]
+    return shards_to_hf(entry, shards, arch)
+
+
+def _broadcast_from_owner(entry: Entry, tensors, dtype: torch.dtype, group) -> list[tuple[str, torch.Tensor]]:
+    src = dist.get_global_rank(group, entry.pp_rank)
+    out = []
+    for i, (name, shape) in enumerate(zip(entry.hf, entry.hf_shapes)):
+        if tensors is not None:
+            buf = tensors[i][1].contiguous()
+        else:
+            buf = torch.empty(shape, dtype=dtype, device=compat.device())
+        dist.broadcast(buf, src=src, group=group)
+        out.append((name, buf))
+    return out
