@@ -1,0 +1,138 @@
+"""Ray runtime env and start-up: ship code, not weights; forward the knobs workers need; no secrets.
+
+`build_runtime_env(working_dir)` excludes weights, checkpoints, virtualenvs, logs and any other file
+above `max_file_mb`, so a job started from a folder holding a model never fails with Ray's
+"Request Entity Too Large" (its package size limit). Environment variables that tune NCCL/gloo/CUDA/HF
+are copied from the driver to every worker; names that look like credentials are never copied
+automatically (pass them through `extra_env` on purpose) and values are never logged.
+"""
+from __future__ import annotations
+
+import atexit
+import fnmatch
+import logging
+import os
+from typing import Any, Iterable, Mapping
+
+__all__ = ["DEFAULT_EXCLUDES", "build_runtime_env", "forwarded_env", "init_ray", "describe_runtime_env"]
+
+logger = logging.getLogger(__name__)
+
+# gitignore-style patterns (Ray's `excludes`): a trailing "/" matches a directory at any depth.
+DEFAULT_EXCLUDES: tuple[str, ...] = (
+    "*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf", "*.ckpt", "*.distcp", "*.onnx", "*.h5", "*.msgpack",
+    "*.npy", "*.npz", "*.parquet", "*.arrow", "*.tar", "*.tar.gz", "*.tgz", "*.zip", "*.whl",
+    "checkpoints/", "ckpt/", "outputs/", "wandb/", "runs/", "demo_out/", "tensorboard_log/", "mlruns/",
+    ".git", ".venv", "venv/", ".gpu/", "__pycache__/", ".pytest_cache/", ".ruff_cache/", "*.egg-info/",
+    ".hf_cache/", "hf_cache/",
+)
+DEFAULT_MAX_FILE_MB = 32.0
+
+_FORWARD_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "HF_HUB_", "VLLM_")
+_FORWARD_NAMES = frozenset({
+    "PYTHONUNBUFFERED", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HOME",
+    "TOKENIZERS_PARALLELISM", "CUDA_DEVICE_MAX_CONNECTIONS", "CUDA_LAUNCH_BLOCKING", "NCCL_NVLS_ENABLE",
+    "PYTORCH_CUDA_ALLOC_CONF", "TORCH_CUDA_ARCH_LIST", "NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN",
+})
+_SECRET_MARKERS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "API_KEY", "CREDENTIAL", "PRIVATE_KEY", "AUTH")
+
+
+def looks_secret(name: str) -> bool:
+    upper = name.upper()
+    return any(m in upper for m in _SECRET_MARKERS)
+
+
+def forwarded_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The driver's variables that workers should see (allow-list; credential-like names never)."""
+    environ = os.environ if environ is None else environ
+    # Named variables are known to be harmless (TOKENIZERS_PARALLELISM is no token); prefix matches are
+    # screened, since e.g. HF_HUB_TOKEN shares a prefix with harmless ones.
+    return {k: v for k, v in environ.items()
+            if k in _FORWARD_NAMES or (k.startswith(_FORWARD_PREFIXES) and not looks_secret(k))}
+
+
+def _matches(rel: str, is_dir: bool, patterns: Iterable[str]) -> bool:
+    """gitignore-like matching for the pattern shapes used here: `*.ext`, `name`, `dir/`, `a/b`."""
+    name = rel.rsplit("/", 1)[-1]
+    for p in patterns:
+        anchored = p.strip("/")
+        if p.endswith("/") and not is_dir:
+            continue
+        if fnmatch.fnmatch(name, anchored) or ("/" in anchored and fnmatch.fnmatch(rel, anchored)):
+            return True
+    return False
+
+
+def find_large_files(working_dir: str, excludes: Iterable[str], max_file_mb: float) -> list[str]:
+    """Files (relative paths) above `max_file_mb` that `excludes` does not already leave out."""
+    excludes = list(excludes)
+    limit = max_file_mb * 1024 * 1024
+    large = []
+    for root, dirs, files in os.walk(working_dir):
+        rel_root = os.path.relpath(root, working_dir).replace(os.sep, "/")
+        rel_root = "" if rel_root == "." else rel_root + "/"
+        dirs[:] = [d for d in dirs if not _matches(rel_root + d, True, excludes)]
+        for f in files:
+            rel = rel_root + f
+            path = os.path.join(root, f)
+            if not _matches(rel, False, excludes) and not os.path.islink(path) and os.path.getsize(path) > limit:
+                large.append(rel)
+    return sorted(large)
+
+
+def build_runtime_env(working_dir: str | None = None, extra_env: Mapping[str, str] | None = None, *,
+                      excludes: Iterable[str] = (), max_file_mb: float = DEFAULT_MAX_FILE_MB,
+                      environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """A runtime_env for `ray.init`: `working_dir` (optional) minus weights/checkpoints/large files,
+    and `env_vars` = forwarded driver variables + `extra_env` (given explicitly, so forwarded as is)."""
+    env: dict[str, Any] = {}
+    env_vars = {**forwarded_env(environ), **{str(k): str(v) for k, v in (extra_env or {}).items()}}
+    if env_vars:
+        env["env_vars"] = env_vars
+    if working_dir is not None:
+        if not os.path.isdir(working_dir):
+            raise ValueError(f"build_runtime_env: working_dir {working_dir!r} is not a directory")
+        patterns = [*DEFAULT_EXCLUDES, *excludes]
+        large = find_large_files(working_dir, patterns, max_file_mb)
+        if large:
+            logger.warning("runtime_env: leaving %d file(s) over %.0f MB out of the upload: %s", len(large),
+                           max_file_mb, ", ".join(large[:10]) + (" ..." if len(large) > 10 else ""))
+        env["working_dir"] = os.path.abspath(working_dir)
+        env["excludes"] = patterns + ["/" + p for p in large]
+    return env
+
+
+def describe_runtime_env(env: Mapping[str, Any]) -> str:
+    """A loggable summary: variable names only (values can hold secrets), exclude count."""
+    names = sorted(env.get("env_vars", {}))
+    wd = env.get("working_dir")
+    return f"runtime_env(working_dir={wd!r}, excludes={len(env.get('excludes', []))} patterns, env_vars={names})"
+
+
+def init_ray(num_cpus: int | None = None, num_gpus: int | None = None, *, address: str | None = None,
+             working_dir: str | None = None, extra_env: Mapping[str, str] | None = None,
+             include_dashboard: bool | None = None, **ray_kwargs: Any) -> Any:
+    """Start (or join, with `address`) Ray with our runtime env; the dashboard, if any, on localhost only.
+
+    The dashboard is off unless asked for (`include_dashboard=True`). `ray.shutdown` runs at exit.
+    Returns Ray's context; a no-op returning None when Ray is already initialized in this process.
+    """
+    import ray
+
+    if ray.is_initialized():
+        return None
+    runtime_env = build_runtime_env(working_dir, extra_env)
+    logger.info("starting Ray with %s", describe_runtime_env(runtime_env))
+    ctx = ray.init(
+        address=address, num_cpus=num_cpus, num_gpus=num_gpus, runtime_env=runtime_env or None,
+        include_dashboard=bool(include_dashboard), dashboard_host="127.0.0.1", **ray_kwargs,
+    )
+    atexit.register(shutdown_ray)
+    return ctx
+
+
+def shutdown_ray() -> None:
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
