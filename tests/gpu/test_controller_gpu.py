@@ -17,7 +17,7 @@ import torch
 pytestmark = [pytest.mark.gpu, pytest.mark.dist,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
-HELPERS = Path(__file__).parent / "controller_helpers"
+HELPERS = Path(__file__).parent.parent / "dist" / "controller_helpers"
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(HELPERS))
 import controller_workers as cw  # noqa: E402
