@@ -62,6 +62,14 @@ class TorchRolloutEngine(RolloutEngine):
         self._awake = {"weights": True, "kv_cache": True}
         self._cache: Optional[Any] = None  # the live KV cache, only during generate
 
+    @classmethod
+    def from_rollout_config(cls, hf_config: Any, rollout_cfg: Any, *, tokenizer: Optional[Any] = None,
+                            device: str | torch.device = "cpu") -> "TorchRolloutEngine":
+        """From actor_rollout_ref.rollout: fp32 on CPU (as the CPU actor trains), rollout.dtype on GPU."""
+        device = torch.device(device)
+        dtype = torch.float32 if device.type == "cpu" else getattr(torch, rollout_cfg.dtype)
+        return cls(hf_config, tokenizer=tokenizer, dtype=dtype, device=device)
+
     # ------------------------------------------------------------------ weights
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
