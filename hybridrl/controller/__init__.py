@@ -16,7 +16,10 @@ from typing import Any
 
 from .colocate import make_worker_group, spawn_colocated
 from .decorator import Dispatch, Execute, RegisterSpec, register
-from .dispatch import DispatchInfo, DispatchMode, DispatchPlan, GroupInfo, get_dispatch_mode, register_dispatch_mode
+from .dispatch import (
+    DispatchInfo, DispatchMode, DispatchPlan, GroupInfo, get_dispatch_mode, register_dispatch_mode,
+    register_mesh_dispatch_mode,
+)
 from .errors import WorkerDiedError, WorkerError, WorkerTimeoutError
 from .group import GroupFuture, WorkerGroup
 from .host import RoleSpec
@@ -29,6 +32,7 @@ _RAY_NAMES = {"ResourcePool": "ResourcePool", "RayWorkerGroup": "RayWorkerGroup"
 __all__ = [
     "Worker", "DistContext", "register", "Dispatch", "Execute", "RegisterSpec",
     "DispatchInfo", "DispatchMode", "DispatchPlan", "GroupInfo", "get_dispatch_mode", "register_dispatch_mode",
+    "register_mesh_dispatch_mode",
     "WorkerError", "WorkerDiedError", "WorkerTimeoutError", "GroupFuture", "WorkerGroup", "RoleSpec",
     "LocalWorkerGroup", "spawn_colocated", "make_worker_group", "build_runtime_env", "init_ray", "shutdown_ray",
     *_RAY_NAMES,

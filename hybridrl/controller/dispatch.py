@@ -23,7 +23,8 @@ from hybridrl.utils.registry import Registry
 
 __all__ = [
     "DispatchInfo", "GroupInfo", "DispatchPlan", "DispatchMode",
-    "register_dispatch_mode", "get_dispatch_mode", "list_dispatch_modes", "plan_call", "collect_outputs",
+    "register_dispatch_mode", "register_mesh_dispatch_mode", "get_dispatch_mode", "list_dispatch_modes",
+    "plan_call", "collect_outputs", "DEFAULT_MESH",
 ]
 
 
@@ -59,20 +60,30 @@ DispatchFn = Callable[[GroupInfo, tuple, dict], DispatchPlan]
 CollectFn = Callable[[GroupInfo, "dict[int, Any]", DispatchPlan], Any]
 
 
+DEFAULT_MESH = "default"
+
+
 @dataclass(frozen=True)
 class DispatchMode:
     name: str
     dispatch_fn: DispatchFn
     collect_fn: CollectFn
-    uses_mesh: bool = False
+    uses_mesh: bool | str = False  # True: the "default" mesh; a str names the mesh (e.g. "rollout")
+
+    @property
+    def mesh_name(self) -> str | None:
+        if not self.uses_mesh:
+            return None
+        return DEFAULT_MESH if self.uses_mesh is True else str(self.uses_mesh)
 
 
 _MODES = Registry("dispatch mode", key="@register(dispatch_mode=...)")
 
 
 def register_dispatch_mode(name: str, dispatch_fn: DispatchFn, collect_fn: CollectFn, *,
-                           uses_mesh: bool = False, override: bool = False) -> DispatchMode:
-    """Add a mode usable as `@register(dispatch_mode=name)`. `uses_mesh`: the plan needs `info.mesh`."""
+                           uses_mesh: bool | str = False, override: bool = False) -> DispatchMode:
+    """Add a mode usable as `@register(dispatch_mode=name)`. `uses_mesh`: the plan needs `info.mesh`
+    (True: the workers' "default" mesh; a string: the mesh of that name, see Worker.set_dispatch_info)."""
     if not isinstance(name, str) or not name:
         raise TypeError(f"register_dispatch_mode: name must be a non-empty str, got {name!r}")
     if not callable(dispatch_fn) or not callable(collect_fn):
@@ -239,3 +250,10 @@ register_dispatch_mode("ALL_TO_ALL", _all_to_all, _as_list)
 register_dispatch_mode("RANK_ZERO", _rank_zero, _rank_zero_collect)
 register_dispatch_mode("DP_COMPUTE_PROTO", _dp_compute_proto, _dp_compute_proto_collect)
 register_dispatch_mode("MESH_COMPUTE_PROTO", _mesh_compute_proto, _mesh_compute_proto_collect, uses_mesh=True)
+
+
+def register_mesh_dispatch_mode(name: str, mesh: str, *, override: bool = False) -> DispatchMode:
+    """MESH_COMPUTE_PROTO over another mesh the workers declare, e.g. the rollout layout (replicas of tp_g
+    ranks) beside the training layout: `register_mesh_dispatch_mode("ROLLOUT_COMPUTE_PROTO", "rollout")`."""
+    return register_dispatch_mode(name, _mesh_compute_proto, _mesh_compute_proto_collect, uses_mesh=mesh,
+                                  override=override)

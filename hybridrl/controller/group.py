@@ -14,7 +14,9 @@ from __future__ import annotations
 from typing import Any
 
 from .decorator import Execute, RegisterSpec, registered_methods
-from .dispatch import DispatchInfo, DispatchMode, DispatchPlan, GroupInfo, collect_outputs, get_dispatch_mode, plan_call
+from .dispatch import (
+    DEFAULT_MESH, DispatchInfo, DispatchMode, DispatchPlan, GroupInfo, collect_outputs, get_dispatch_mode, plan_call,
+)
 from .errors import RemoteFailure, WorkerError
 
 __all__ = ["GroupFuture", "WorkerGroup"]
@@ -73,7 +75,7 @@ class WorkerGroup:
         self._worker_cls = worker_cls
         self._world_size = world_size
         self.call_timeout_s = call_timeout_s
-        self._mesh: tuple[DispatchInfo, ...] | None = None
+        self._meshes: dict[str, tuple[DispatchInfo, ...]] = {}
         self._bind_methods()
 
     # ------------------------------------------------------------------ public
@@ -105,18 +107,18 @@ class WorkerGroup:
             return futures.get(timeout)
         return [f.get(timeout) for f in futures]
 
-    def dispatch_info(self) -> tuple[DispatchInfo | None, ...]:
-        """Each rank's declared data-parallel position (None where nothing was declared)."""
-        if self._mesh is not None:
-            return self._mesh
-        infos = tuple(self._fetch_dispatch_info())
+    def dispatch_info(self, mesh: str = DEFAULT_MESH) -> tuple[DispatchInfo | None, ...]:
+        """Each rank's declared data-parallel position in `mesh` (None where nothing was declared)."""
+        if mesh in self._meshes:
+            return self._meshes[mesh]
+        infos = tuple(self._fetch_dispatch_info(mesh))
         if all(i is not None for i in infos):
-            self._mesh = infos  # type: ignore[assignment]
+            self._meshes[mesh] = infos  # type: ignore[assignment]
         return infos
 
     def refresh_dispatch_info(self) -> None:
-        """Forget the cached mesh layout (call after workers re-declare it)."""
-        self._mesh = None
+        """Forget the cached mesh layouts (call after workers re-declare them)."""
+        self._meshes = {}
 
     def shutdown(self) -> None:
         raise NotImplementedError
@@ -141,7 +143,8 @@ class WorkerGroup:
     def _start(self, method: str, mode: DispatchMode, execute_mode: str, args: tuple, kwargs: dict) -> GroupFuture:
         args = tuple(a.get() if isinstance(a, GroupFuture) else a for a in args)
         kwargs = {k: v.get() if isinstance(v, GroupFuture) else v for k, v in kwargs.items()}
-        info = GroupInfo(self._world_size, self._role, self.dispatch_info() if mode.uses_mesh else None)
+        mesh = mode.mesh_name
+        info = GroupInfo(self._world_size, self._role, self.dispatch_info(mesh) if mesh else None)
         try:
             plan = plan_call(mode, info, args, kwargs)
         except (TypeError, ValueError) as e:
@@ -165,5 +168,5 @@ class WorkerGroup:
         WorkerDiedError / WorkerTimeoutError naming the rank and role."""
         raise NotImplementedError
 
-    def _fetch_dispatch_info(self) -> list[DispatchInfo | None]:
+    def _fetch_dispatch_info(self, mesh: str) -> list[DispatchInfo | None]:
         raise NotImplementedError

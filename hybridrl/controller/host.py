@@ -83,8 +83,8 @@ class WorkerHost:
             return self._failure(role, method, e)
         return to_cpu(out) if keep_output else None
 
-    def dispatch_info(self, role: str) -> DispatchInfo | None:
-        return self._roles[role].get_dispatch_info()
+    def dispatch_info(self, role: str, mesh: str = "default") -> DispatchInfo | None:
+        return self._roles[role].get_dispatch_info(mesh)
 
     def pid(self) -> int:
         return os.getpid()

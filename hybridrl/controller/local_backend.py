@@ -130,6 +130,6 @@ class LocalWorkerGroup(WorkerGroup):
     def _gather(self, handle: dict[int, Any], method: str, timeout: float | None) -> dict[int, Any]:
         return handle  # already exchanged in _submit, in lockstep on every rank
 
-    def _fetch_dispatch_info(self) -> list[DispatchInfo | None]:
-        mine = self._local.host.dispatch_info(self.role)
+    def _fetch_dispatch_info(self, mesh: str) -> list[DispatchInfo | None]:
+        mine = self._local.host.dispatch_info(self.role, mesh)
         return self._local.all_gather(mine, role=self.role, method="dispatch_info")

@@ -285,9 +285,9 @@ class RayWorkerGroup(WorkerGroup):
         timeout = self.call_timeout_s if timeout is None else timeout
         return wait_refs(handle, role=self.role, method=method, timeout=timeout, pids=self._hosts.pids)
 
-    def _fetch_dispatch_info(self) -> list[DispatchInfo | None]:
+    def _fetch_dispatch_info(self, mesh: str) -> list[DispatchInfo | None]:
         self._check_alive("dispatch_info")
-        refs = {r: h.dispatch_info.remote(self.role) for r, h in enumerate(self._hosts.handles)}
+        refs = {r: h.dispatch_info.remote(self.role, mesh) for r, h in enumerate(self._hosts.handles)}
         out = wait_refs(refs, role=self.role, method="dispatch_info", timeout=self.call_timeout_s, pids=self._hosts.pids)
         return [out[r] for r in range(self.world_size)]
 

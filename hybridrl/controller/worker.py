@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .dispatch import DispatchInfo
+from .dispatch import DEFAULT_MESH, DispatchInfo
 
 __all__ = ["DistContext", "Worker", "init_process_group_once"]
 
@@ -158,20 +158,22 @@ class Worker:
         return init_process_group_once(self.dist_context, backend, timeout_s)
 
     # ------------------------------------------------------------------ mesh-aware dispatch
-    def set_dispatch_info(self, dp_rank: int, dp_size: int, is_collect: bool) -> None:
-        """Declare this worker's data-parallel position for MESH_COMPUTE_PROTO.
+    def set_dispatch_info(self, dp_rank: int, dp_size: int, is_collect: bool, mesh: str = DEFAULT_MESH) -> None:
+        """Declare this worker's data-parallel position for MESH_COMPUTE_PROTO (or a named mesh's mode).
 
         Call it after building the tp/pp/dp mesh: every worker of data-parallel group `dp_rank`
         receives the same slice of the batch; only workers with `is_collect` (by convention tp rank 0
-        on the last pp stage, exactly one per dp rank) send their output back.
+        on the last pp stage, exactly one per dp rank) send their output back. A worker may sit in
+        several meshes (the training layout and the rollout layout), each declared under its name.
         """
         if not 0 <= dp_rank < dp_size:
             raise ValueError(f"{self.role} rank {self.rank}: dp_rank={dp_rank} is not in [0, {dp_size})")
-        setattr(self, _DISPATCH_ATTR, DispatchInfo(dp_rank=dp_rank, dp_size=dp_size, is_collect=bool(is_collect)))
+        meshes = self.__dict__.setdefault(_DISPATCH_ATTR, {})
+        meshes[mesh] = DispatchInfo(dp_rank=dp_rank, dp_size=dp_size, is_collect=bool(is_collect))
 
-    def get_dispatch_info(self) -> DispatchInfo | None:
-        """What `set_dispatch_info` declared, or None."""
-        return self.__dict__.get(_DISPATCH_ATTR)
+    def get_dispatch_info(self, mesh: str = DEFAULT_MESH) -> DispatchInfo | None:
+        """What `set_dispatch_info` declared for `mesh`, or None."""
+        return (self.__dict__.get(_DISPATCH_ATTR) or {}).get(mesh)
 
     # ------------------------------------------------------------------ colocation
     def peer(self, role: str) -> Any:

@@ -23,6 +23,7 @@ from hybridrl.controller import (
     get_dispatch_mode,
     register,
     register_dispatch_mode,
+    register_mesh_dispatch_mode,
 )
 from hybridrl.controller.decorator import registered_methods
 from hybridrl.controller.dispatch import collect_outputs, plan_call
@@ -54,8 +55,8 @@ class InProcessGroup(WorkerGroup):
     def _gather(self, handle, method, timeout):
         return handle
 
-    def _fetch_dispatch_info(self):
-        return [h.dispatch_info(self.role) for h in self.hosts]
+    def _fetch_dispatch_info(self, mesh):
+        return [h.dispatch_info(self.role, mesh) for h in self.hosts]
 
     def shutdown(self):
         pass
@@ -206,6 +207,31 @@ def test_mesh_dispatch_through_the_group_needs_declared_info():
     with pytest.raises(ValueError, match="did not declare"):
         InProcessGroup(M, 2).f(cw.make_rows(3))
     assert_same(InProcessGroup(M, 4, mesh=mesh).f(cw.make_rows(5)), cw.row_fn(cw.make_rows(5)))
+
+
+def test_named_meshes_dispatch_independently():
+    """Training layout (tp2 x dp2) and rollout layout (one replica over all 4 ranks) in the same workers."""
+    register_mesh_dispatch_mode("TEST_ROLLOUT_PROTO", "test_rollout", override=True)
+
+    class TwoMeshes(Worker):
+        def __init__(self):
+            self.set_dispatch_info(self.rank // 2, 2, self.rank % 2 == 0)  # train: dp = rank // tp
+            self.set_dispatch_info(0, 1, self.rank == 0, mesh="test_rollout")  # rollout: tp_g = 4
+
+        @register(Dispatch.MESH_COMPUTE_PROTO)
+        def train(self, d):
+            return DataProto.from_dict({"rank": torch.full((len(d),), self.rank)})
+
+        @register("TEST_ROLLOUT_PROTO")
+        def rollout(self, d):
+            return DataProto.from_dict({"rank": torch.full((len(d),), self.rank)})
+
+    g = InProcessGroup(TwoMeshes, 4)
+    # train: rows 0-2 to dp 0 (collected from rank 0), rows 3-5 to dp 1 (rank 2)
+    assert g.train(cw.make_rows(6)).batch["rank"].tolist() == [0, 0, 0, 2, 2, 2]
+    # rollout: one replica; every rank gets all rows, only rank 0 returns
+    assert g.rollout(cw.make_rows(5)).batch["rank"].tolist() == [0] * 5
+    assert g.dispatch_info("test_rollout")[3] == DispatchInfo(0, 1, False)
 
 
 def test_register_validates_and_group_rejects_unknown_or_reserved_names():
