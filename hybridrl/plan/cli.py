@@ -1,0 +1,85 @@
+"""`hybridrl plan [preset=NAME] [key=value ...] [--gpu-mem-gb 80] [--model-config PATH] [--json]`
+
+Prints the layout validate() derives and a per-GPU memory table for the training and rollout phases, and
+refuses (exit status 2, the message naming the key to turn) a layout the model does not divide into or one
+that does not fit. Takes the same config arguments as `hybridrl train` (`--config FILE`, `--preset NAME`,
+`--config-name`, key=value overrides). The plan is for GPUs unless trainer.device=cpu, so it can be made on
+a machine without one. The model's shape comes from --model-config (a model folder, its config.json, or a
+built-in name such as Qwen2.5-7B), else from actor_rollout_ref.model.path. See report.py for the JSON keys
+and memory.py for the formulas.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Optional, Sequence
+
+from hybridrl.config import ConfigError, load_config, validate
+from hybridrl.config.cli import parse_command_line
+
+from .checks import Problem, fit_problems, shape_notes, shape_problems
+from .estimate import estimate
+from .memory import GiB
+from .model_shape import KNOWN_CONFIGS, ModelShapeError, resolve
+from .report import table, to_json_dict, verdict
+
+EXIT_REFUSED = 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hybridrl plan", description=__doc__.split("\n\n")[1], allow_abbrev=False,
+                                epilog=f"built-in model shapes: {', '.join(KNOWN_CONFIGS)}")
+    p.add_argument("--gpu-mem-gb", type=float, default=80.0, help="memory of one GPU in GiB (default 80)")
+    p.add_argument("--overhead-gb", type=float, default=3.0,
+                   help="per-GPU allowance for CUDA context, NCCL buffers, allocator slack (GiB, default 3)")
+    p.add_argument("--model-config", default=None, help="model folder, config.json, or built-in name")
+    p.add_argument("--critic-model-config", default=None, help="the critic's, when it differs from the actor's")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON (keys in hybridrl/plan/report.py)")
+    return p
+
+
+def _normalize(argv: list[str]) -> list[str]:
+    """`--preset NAME` and `--config FILE` as `hybridrl train` spells them."""
+    from hybridrl.trainer.main_ppo import normalize_argv
+
+    return normalize_argv(argv)
+
+
+def _refuse(problems: list[Problem], as_json: bool, gpu_bytes: int, run=None, shape=None) -> int:
+    if as_json:
+        print(json.dumps(to_json_dict(run, shape, None, problems, [], gpu_bytes), indent=2))
+    for p in problems:
+        print(f"hybridrl plan: {p.message}", file=sys.stderr)
+    return EXIT_REFUSED
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args, rest = _parser().parse_known_args(list(sys.argv[1:] if argv is None else argv))
+    gpu_bytes = int(args.gpu_mem_gb * GiB)
+    cl = parse_command_line(_normalize(rest))
+    try:
+        cfg = load_config(cl.overrides, cl.config_name, cl.config_path)
+        run = validate(cfg, cuda_available=lambda: True)  # plan for GPUs unless trainer.device=cpu
+    except ConfigError as e:
+        return _refuse([Problem(None, str(e))], args.json, gpu_bytes)
+    ara = cfg.actor_rollout_ref
+    try:
+        shape = resolve(args.model_config or ara.model.path, ara.model.override_config)
+        critic_shape = resolve(args.critic_model_config, cfg.critic.model.override_config) if args.critic_model_config else None
+    except ModelShapeError as e:
+        return _refuse([Problem(None, str(e))], args.json, gpu_bytes, run)
+    plan = estimate(run, shape, gpu_bytes, int(args.overhead_gb * GiB), critic_shape)
+    problems = shape_problems(run, shape) + fit_problems(plan, run, shape)
+    notes = shape_notes(run, shape)
+    if args.json:
+        print(json.dumps(to_json_dict(run, shape, plan, problems, notes, gpu_bytes), indent=2))
+    else:
+        print(table(run, shape, plan))
+    text = verdict(plan, problems, notes, run.derived.device)
+    print(text, file=sys.stderr if (problems or args.json) else sys.stdout)
+    return EXIT_REFUSED if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""From a validated job (RunConfig) and a model shape to the per-GPU memory plan of memory.py.
+
+This module only maps config keys onto the formulas' inputs; every number it uses comes from the
+frozen config or from `validate()`'s derived layout and batch plan (nothing is re-derived here).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+from hybridrl.config import RunConfig
+
+from .memory import (
+    DEFAULT_OVERHEAD_BYTES,
+    DTYPE_BYTES,
+    PHASES,
+    ActivationSetup,
+    KVCache,
+    MemoryPlan,
+    Phase,
+    RoleMemory,
+    RolloutMemory,
+    StageMemory,
+    kv_bytes_per_token,
+    model_state_bytes,
+    phase_parts,
+    rollout_activation_bytes,
+    rollout_weight_bytes,
+    stage_activation_bytes,
+    stage_params,
+)
+from .model_shape import ModelShape
+
+
+def sequence_length(run: RunConfig) -> int:
+    return run.cfg.data.max_prompt_length + run.cfg.data.max_response_length
+
+
+def recompute_enabled(model_cfg: Any, megatron_cfg: Any) -> bool:
+    """Full recompute: enable_gradient_checkpointing, or recompute_granularity=full set directly."""
+    granularity = (megatron_cfg.override_transformer_config or {}).get("recompute_granularity")
+    return bool(model_cfg.enable_gradient_checkpointing) or granularity == "full"
+
+
+def _tokens(micro: Optional[int], dynamic: bool, max_tokens: int, seq: int, cp: int) -> int:
+    """Tokens of one micro-batch on one GPU: padded samples x sequence split over cp, or the dynamic cap."""
+    if dynamic or micro is None:
+        return max_tokens
+    return math.ceil(micro * seq / cp)
+
+
+def activation_setup(run: RunConfig, role: str) -> ActivationSetup:
+    """ActivationSetup of `role` ("actor" or "critic") from its layout and batch plan."""
+    d, cfg = run.derived, run.cfg
+    layout = d.critic if role == "critic" else d.actor
+    batch = d.critic_batch if role == "critic" else d.actor_batch
+    assert layout is not None and batch is not None, f"{role} is not part of this job"
+    seq = sequence_length(run)
+    if role == "critic":
+        recompute = recompute_enabled(cfg.critic.model, cfg.critic.megatron)
+        forward_micro = batch.forward_micro_batch_per_gpu
+    else:
+        recompute = recompute_enabled(cfg.actor_rollout_ref.model, cfg.actor_rollout_ref.actor.megatron)
+        candidates = [m for m in (batch.forward_micro_batch_per_gpu, d.ref_forward_micro_batch_per_gpu) if m]
+        forward_micro = max(candidates) if candidates else None
+    train = _tokens(batch.micro_batch_per_gpu, batch.use_dynamic_bsz, batch.max_token_len_per_gpu, seq, layout.cp)
+    forward = _tokens(forward_micro, batch.use_dynamic_bsz, batch.forward_max_token_len_per_gpu, seq, layout.cp)
+    return ActivationSetup(
+        tp=layout.tp, pp=layout.pp, vpp=layout.vpp, sequence_parallel=layout.sequence_parallel, recompute=recompute,
+        act_bytes=DTYPE_BYTES[layout.dtype], train_tokens=train, forward_tokens=forward,
+        inflight=batch.grad_accum or layout.pp, logits=role != "critic",
+    )
+
+
+def _role_memory(run: RunConfig, role: str, shape: ModelShape, stage: int) -> RoleMemory:
+    d, cfg = run.derived, run.cfg
+    ara = cfg.actor_rollout_ref
+    layout = d.critic if role == "critic" else d.actor
+    assert layout is not None
+    megatron = {"actor": ara.actor.megatron, "ref": ara.ref.megatron, "critic": cfg.critic.megatron}[role]
+    gpu = d.device == "cuda"
+    dtype_bytes = DTYPE_BYTES[megatron.dtype] if gpu else 4
+    params = stage_params(shape, layout.tp, layout.pp, stage, lm_head=role != "critic")
+    optim = cfg.critic.optim if role == "critic" else ara.actor.optim
+    shards = layout.dp * layout.cp if megatron.use_distributed_optimizer else 1
+    state = model_state_bytes(
+        params, dtype_bytes, grad_fp32=bool((megatron.override_ddp_config or {}).get("grad_reduce_in_fp32", True)),
+        optimizer=optim.optimizer, optimizer_shards=shards, trainable=role != "ref",
+    )
+    return RoleMemory(state, offload_params=gpu and megatron.param_offload, offload_grads=gpu and megatron.grad_offload,
+                      offload_optimizer=gpu and megatron.optimizer_offload)
+
+
+def _rollout_memory(run: RunConfig, shape: ModelShape, gpu_memory_bytes: int) -> tuple[RolloutMemory, Optional[KVCache]]:
+    d, r = run.derived, run.cfg.actor_rollout_ref.rollout
+    dtype_bytes = DTYPE_BYTES.get(r.dtype, 2) if d.device == "cuda" else 4
+    weights = rollout_weight_bytes(shape, d.rollout.tp, dtype_bytes)
+    max_model_len = r.max_model_len or sequence_length(run)
+    if d.rollout.engine != "vllm":  # the torch engine: its own weights, a KV cache sized per batch (not planned)
+        return RolloutMemory(weights, 0, 0, r.free_cache_engine), None
+    activations = rollout_activation_bytes(shape, d.rollout.tp, dtype_bytes, r.max_num_batched_tokens, r.max_num_seqs,
+                                           r.enforce_eager)
+    kv_bytes = int(r.gpu_memory_utilization * gpu_memory_bytes) - weights - activations
+    per_token = kv_bytes_per_token(shape, d.rollout.tp, dtype_bytes)
+    kv = KVCache(kv_bytes, per_token, max(kv_bytes, 0) // per_token, max_model_len)
+    return RolloutMemory(weights, activations, kv_bytes, r.free_cache_engine), kv
+
+
+def estimate(run: RunConfig, shape: ModelShape, gpu_memory_bytes: int,
+             overhead_bytes: int = DEFAULT_OVERHEAD_BYTES, critic_shape: Optional[ModelShape] = None) -> MemoryPlan:
+    """The per-GPU memory plan of `run` for a model of `shape` on GPUs of `gpu_memory_bytes`."""
+    d = run.derived
+    critic_shape = critic_shape or shape
+    overhead = overhead_bytes if d.device == "cuda" else 0
+    rollout, kv = _rollout_memory(run, shape, gpu_memory_bytes)
+    actor_act = activation_setup(run, "actor")
+    critic_act = activation_setup(run, "critic") if d.use_critic else None
+    best: dict[str, Optional[Phase]] = {name: None for name in PHASES}
+    for stage in range(d.actor.pp):
+        s = StageMemory(
+            actor=_role_memory(run, "actor", shape, stage),
+            ref=_role_memory(run, "ref", shape, stage) if d.use_reference else None,
+            critic=_role_memory(run, "critic", critic_shape, stage) if d.use_critic else None,
+            actor_activations=stage_activation_bytes(shape, actor_act, stage),
+            critic_activations=stage_activation_bytes(critic_shape, critic_act, stage) if critic_act else 0,
+        )
+        for name in PHASES:
+            if name == "train_critic" and not d.use_critic:
+                continue
+            phase = Phase(name, stage, phase_parts(name, s, rollout, overhead))
+            if best[name] is None or phase.total > best[name].total:
+                best[name] = phase
+    return MemoryPlan(gpu_memory_bytes, overhead, best, kv)

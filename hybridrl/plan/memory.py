@@ -1,0 +1,308 @@
+"""Per-GPU memory of a job, phase by phase, from the validated layout and the model's shape.
+
+Notation (per GPU unless said): P params of a pipeline stage after tp sharding; L layers, h hidden,
+f MLP width, a heads, g KV heads, d head dim, q = a*d, kv = g*d, V vocab; tp, pp, vpp, cp, dp the
+Megatron layout; tp_g the rollout tensor parallel size; b the bytes of the training dtype (bf16: 2);
+T tokens of one micro-batch on one GPU; M micro-batches per optimizer step on one dp rank.
+
+Model state (Megatron, mixed precision):
+    params    = P * b
+    grads     = P * 4                         (fp32 grad buffer, `grad_reduce_in_fp32`, verl's default;
+                                               P * b when override_ddp_config.grad_reduce_in_fp32=false)
+    optimizer = P * (8 + 4 [if b < 4]) / S    (Adam exp_avg + exp_avg_sq in fp32, fp32 master params when
+                                               training in bf16/fp16; SGD keeps 4 for momentum;
+                                               S = dp * cp with the distributed optimizer, else 1)
+P of stage i = ceil(L/pp) * (W_layer/tp + 2h) + [i = 0] * Vp*h/tp + [i = pp-1] * (h + [untied or pp > 1] * Vp*h/tp),
+W_layer = h*(q + 2kv) + q*h (+ q + 2kv of QKV bias) + 3*h*f (SwiGLU), Vp = V padded up to a multiple of
+lcm(1024, tp) as the Megatron adapter builds it (so any tp works; the padded rows are masked).
+
+Activations kept for the backward pass of one layer and one micro-batch (flash attention, no dropout):
+    A_layer = T * (b * (4h/s + (2q + 2kv)/tp + 3f/tp) + 4a/tp)
+      4h/s: the inputs and outputs of the two RMSNorms (s = tp with sequence parallelism, else 1);
+      (q + 2kv)/tp: Q, K, V; q/tp: the attention output; 3f/tp: gate+up output and the SwiGLU product;
+      4a/tp: fp32 log-sum-exp per head kept by flash attention.
+    with full recompute (actor_rollout_ref.model.enable_gradient_checkpointing): T*b*h/s per layer (its input)
+      plus one layer's A_layer while it is recomputed.
+  A stage running 1F1B holds min(pp - i, M) micro-batches in flight on stage i (interleaved with vpp:
+  times 1 + (pp-1)/(pp*vpp), Korthikanti et al. 2022), each over ceil(L/pp) layers.
+  The last stage adds the logits: T * Vp/tp * (b + 4 + 4) (bf16 logits, their fp32 log-softmax and its
+  fp32 gradient). A forward-only pass (old/ref log-probs, values) keeps one layer's A_layer plus
+  T_fwd * Vp/tp * (b + 4); the phase counts the larger of the two.
+
+Rollout engine (vLLM, colocated):
+    vLLM takes gpu_memory_utilization * GPU for itself: its weights (P_g * b_g, the model split over tp_g),
+    its profiling peak (max_num_batched_tokens * b_g * (2h + (q + 2kv + 2f)/tp_g) for a forward,
+    max_num_seqs * V * 8 for fp32 logits and probabilities in the sampler, 0.5 GiB of CUDA graphs
+    unless enforce_eager), and the rest as KV cache:
+    KV per token = 2 * L * ceil(g/tp_g) * d * b_g   (K and V; KV heads are replicated when tp_g > g)
+    While asleep (free_cache_engine=true) it holds nothing; otherwise its whole share stays.
+
+Phases (each component is 0 when absent; totals are for the busiest pipeline stage):
+    train_actor   the actor's update: actor params+grads+optimizer + activations, plus whatever idle roles keep
+    train_critic  the critic's update (PPO with GAE): the same with the critic's state and activations
+    rollout       generation: vLLM's share + what the training roles keep after offload
+An idle role keeps params/grads/optimizer unless its megatron.{param,grad,optimizer}_offload is set (the
+reference has params only). Every phase adds `overhead` (CUDA context, NCCL communicators, allocator
+slack), a flat estimate. On CPU (trainer.device=cpu) the same numbers are host memory per process:
+float32, offload has no effect and the torch rollout engine keeps no preallocated KV cache.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from .model_shape import ModelShape
+
+GiB = 1024 ** 3
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+CUDA_GRAPH_BYTES = GiB // 2
+# The Megatron adapter pads the vocabulary to a multiple of lcm(this, tp) (adapters/megatron/hf_config.py,
+# VOCAB_PAD_MULTIPLE; a test keeps the two equal).
+MEGATRON_VOCAB_MULTIPLE = 1024
+DEFAULT_OVERHEAD_BYTES = 3 * GiB
+
+COMPONENTS = (
+    "actor_params", "actor_grads", "actor_optimizer", "ref_params",
+    "critic_params", "critic_grads", "critic_optimizer", "activations",
+    "rollout_weights", "rollout_activations", "rollout_kv_cache", "overhead",
+)
+PHASES = ("train_actor", "train_critic", "rollout")
+
+
+# ------------------------------------------------------------------------------------------- model state
+def padded_vocab(vocab_size: int, tp: int) -> int:
+    """Vp: the vocabulary rows Megatron allocates (a multiple of lcm(1024, tp))."""
+    multiple = math.lcm(MEGATRON_VOCAB_MULTIPLE, tp)
+    return -(-vocab_size // multiple) * multiple
+
+
+def stage_params(shape: ModelShape, tp: int, pp: int, stage: int, lm_head: bool = True) -> int:
+    """Parameters held by one GPU of pipeline stage `stage` (see the module docstring).
+
+    `lm_head=False` is the critic: a scalar value head (h weights) replaces the output layer.
+    """
+    layers = math.ceil(shape.num_layers / pp)
+    n = layers * (math.ceil(shape.layer_sharded_params() / tp) + shape.layer_replicated_params())
+    vocab_shard = padded_vocab(shape.vocab_size, tp) // tp * shape.hidden_size
+    if stage == 0:
+        n += vocab_shard
+    if stage == pp - 1:
+        n += shape.hidden_size  # final norm
+        if not lm_head:
+            n += shape.hidden_size
+        elif not shape.tie_word_embeddings or pp > 1:  # tied + pp>1: the last stage keeps a copy to compute logits
+            n += vocab_shard
+    return n
+
+
+@dataclass(frozen=True)
+class ModelState:
+    params: int
+    grads: int
+    optimizer: int
+
+    @property
+    def total(self) -> int:
+        return self.params + self.grads + self.optimizer
+
+
+def model_state_bytes(params: int, dtype_bytes: int, *, grad_fp32: bool = True, optimizer: str = "adam",
+                      optimizer_shards: int = 1, trainable: bool = True) -> ModelState:
+    """Bytes of params, grads and optimizer state for `params` parameters (module docstring formulas)."""
+    if not trainable:
+        return ModelState(params * dtype_bytes, 0, 0)
+    per_param = (8 if optimizer == "adam" else 4) + (4 if dtype_bytes < 4 else 0)
+    return ModelState(
+        params=params * dtype_bytes,
+        grads=params * (4 if grad_fp32 else dtype_bytes),
+        optimizer=math.ceil(params * per_param / max(optimizer_shards, 1)),
+    )
+
+
+# ------------------------------------------------------------------------------------------- activations
+def layer_activation_bytes(shape: ModelShape, tokens: int, tp: int, sequence_parallel: bool, act_bytes: int) -> int:
+    """A_layer: what one layer keeps for its backward pass for `tokens` tokens."""
+    s = tp if sequence_parallel else 1
+    mlp = (3 if shape.gated_mlp else 2) * shape.ffn_hidden_size
+    per_token = (act_bytes * (4 * shape.hidden_size / s + (2 * shape.q_width + 2 * shape.kv_width + mlp) / tp)
+                 + 4 * shape.num_attention_heads / tp)
+    return math.ceil(tokens * per_token)
+
+
+def layer_input_bytes(shape: ModelShape, tokens: int, tp: int, sequence_parallel: bool, act_bytes: int) -> int:
+    """What a fully recomputed layer keeps: its input."""
+    s = tp if sequence_parallel else 1
+    return math.ceil(tokens * act_bytes * shape.hidden_size / s)
+
+
+def logits_bytes(shape: ModelShape, tokens: int, tp: int, act_bytes: int, backward: bool = True) -> int:
+    """Logits of the last stage: activation-dtype logits + fp32 log-softmax (+ its fp32 grad when training)."""
+    return tokens * (padded_vocab(shape.vocab_size, tp) // tp) * (act_bytes + 4 + (4 if backward else 0))
+
+
+@dataclass(frozen=True)
+class ActivationSetup:
+    """What the activation estimate needs from the layout and batch plan of one role."""
+
+    tp: int
+    pp: int
+    vpp: Optional[int]
+    sequence_parallel: bool
+    recompute: bool
+    act_bytes: int
+    train_tokens: int  # T: tokens of one training micro-batch on one GPU
+    forward_tokens: int  # T_fwd: tokens of one forward-only micro-batch (log-probs, values)
+    inflight: int  # M: micro-batches per optimizer step on one dp rank
+    logits: bool = True  # False for the critic (a scalar value head)
+
+
+def stage_activation_bytes(shape: ModelShape, a: ActivationSetup, stage: int) -> int:
+    """Peak activation bytes on pipeline stage `stage`: max(training micro-batches in flight, forward-only)."""
+    layers = math.ceil(shape.num_layers / a.pp)
+    full = layer_activation_bytes(shape, a.train_tokens, a.tp, a.sequence_parallel, a.act_bytes)
+    held = min(a.pp - stage, max(a.inflight, 1))
+    factor = 1 + (a.pp - 1) / (a.pp * a.vpp) if a.vpp and a.pp > 1 else 1.0
+    if a.recompute:
+        kept = layer_input_bytes(shape, a.train_tokens, a.tp, a.sequence_parallel, a.act_bytes)
+        train = math.ceil(layers * held * factor * kept) + full
+    else:
+        train = math.ceil(layers * held * factor * full)
+    last = stage == a.pp - 1
+    if last and a.logits:
+        train += logits_bytes(shape, a.train_tokens, a.tp, a.act_bytes, backward=True)
+    forward = layer_activation_bytes(shape, a.forward_tokens, a.tp, a.sequence_parallel, a.act_bytes)
+    if last and a.logits:
+        forward += logits_bytes(shape, a.forward_tokens, a.tp, a.act_bytes, backward=False)
+    return max(train, forward)
+
+
+# ------------------------------------------------------------------------------------------- rollout
+def kv_bytes_per_token(shape: ModelShape, tp_g: int, dtype_bytes: int) -> int:
+    """KV cache bytes of one token on one GPU: K and V of every layer, this GPU's KV heads."""
+    return 2 * shape.num_layers * math.ceil(shape.num_key_value_heads / tp_g) * shape.head_dim * dtype_bytes
+
+
+def rollout_weight_bytes(shape: ModelShape, tp_g: int, dtype_bytes: int) -> int:
+    """The rollout engine's copy of the weights on one GPU (tensor parallel over tp_g, no pipeline)."""
+    n = shape.num_layers * (math.ceil(shape.layer_sharded_params() / tp_g) + shape.layer_replicated_params())
+    heads = 1 if shape.tie_word_embeddings else 2
+    n += heads * math.ceil(shape.vocab_size / tp_g) * shape.hidden_size + shape.hidden_size
+    return n * dtype_bytes
+
+
+def rollout_activation_bytes(shape: ModelShape, tp_g: int, dtype_bytes: int, max_num_batched_tokens: int,
+                             max_num_seqs: int, enforce_eager: bool) -> int:
+    """vLLM's profiling peak outside weights and KV cache (forward of a full batch, sampler, CUDA graphs)."""
+    width = 2 * shape.hidden_size + (shape.q_width + 2 * shape.kv_width + 2 * shape.ffn_hidden_size) / tp_g
+    forward = math.ceil(max_num_batched_tokens * dtype_bytes * width)
+    sampler = max_num_seqs * shape.vocab_size * 8
+    return forward + sampler + (0 if enforce_eager else CUDA_GRAPH_BYTES)
+
+
+@dataclass(frozen=True)
+class KVCache:
+    bytes: int
+    bytes_per_token: int
+    tokens: int
+    max_model_len: int
+
+    @property
+    def full_length_sequences(self) -> int:
+        return self.tokens // max(self.max_model_len, 1)
+
+    def to_dict(self) -> dict[str, int]:
+        return {"bytes": self.bytes, "bytes_per_token": self.bytes_per_token, "tokens": self.tokens,
+                "max_model_len": self.max_model_len, "full_length_sequences": self.full_length_sequences}
+
+
+# ------------------------------------------------------------------------------------------- phases
+@dataclass(frozen=True)
+class Phase:
+    """Per-GPU bytes of each component on the busiest pipeline stage of one phase."""
+
+    name: str
+    stage: int
+    parts: dict[str, int]
+
+    @property
+    def total(self) -> int:
+        return sum(self.parts.values())
+
+    def to_dict(self) -> dict[str, int]:
+        return {**{c: self.parts.get(c, 0) for c in COMPONENTS}, "total": self.total, "stage": self.stage}
+
+
+@dataclass(frozen=True)
+class RoleMemory:
+    """One training role's state on one stage, and what it keeps while idle."""
+
+    state: ModelState
+    offload_params: bool = False
+    offload_grads: bool = False
+    offload_optimizer: bool = False
+
+    def idle(self) -> ModelState:
+        s = self.state
+        return ModelState(0 if self.offload_params else s.params, 0 if self.offload_grads else s.grads,
+                          0 if self.offload_optimizer else s.optimizer)
+
+
+def _role_parts(prefix: str, state: ModelState) -> dict[str, int]:
+    return {f"{prefix}_params": state.params, f"{prefix}_grads": state.grads, f"{prefix}_optimizer": state.optimizer}
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """Everything a phase needs to know about one pipeline stage."""
+
+    actor: RoleMemory
+    ref: Optional[RoleMemory]
+    critic: Optional[RoleMemory]
+    actor_activations: int
+    critic_activations: int
+
+
+@dataclass(frozen=True)
+class RolloutMemory:
+    weights: int
+    activations: int
+    kv_cache: int
+    asleep_when_training: bool
+
+
+def phase_parts(name: str, s: StageMemory, r: RolloutMemory, overhead: int) -> dict[str, int]:
+    """The components of phase `name` on one stage (see "Phases" in the module docstring)."""
+    actor = s.actor.state if name == "train_actor" else s.actor.idle()
+    critic = None if s.critic is None else (s.critic.state if name == "train_critic" else s.critic.idle())
+    ref = s.ref.idle() if s.ref is not None else None  # the reference never trains: params only
+    parts = {c: 0 for c in COMPONENTS}
+    parts.update(_role_parts("actor", actor))
+    if critic is not None:
+        parts.update(_role_parts("critic", critic))
+    parts["ref_params"] = ref.params if ref is not None else 0
+    parts["activations"] = {"train_actor": s.actor_activations, "train_critic": s.critic_activations}.get(name, 0)
+    if name == "rollout" or not r.asleep_when_training:
+        parts.update(rollout_weights=r.weights, rollout_activations=r.activations, rollout_kv_cache=max(r.kv_cache, 0))
+    parts["overhead"] = overhead
+    return parts
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    gpu_memory_bytes: int
+    overhead_bytes: int
+    phases: dict[str, Optional[Phase]]
+    kv_cache: Optional[KVCache]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def peak(self) -> Phase:
+        return max((p for p in self.phases.values() if p is not None), key=lambda p: p.total)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "phases": {n: (p.to_dict() if p is not None else None) for n, p in self.phases.items()},
+            "peak": {"phase": self.peak.name, "bytes": self.peak.total, "stage": self.peak.stage},
+            "kv_cache": self.kv_cache.to_dict() if self.kv_cache is not None else None,
+        }

@@ -1,0 +1,150 @@
+"""Memory plan numbers against hand computations and published parameter counts."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hybridrl.config import load_config, validate
+from hybridrl.plan import GiB, estimate, resolve
+from hybridrl.plan.memory import (
+    MEGATRON_VOCAB_MULTIPLE,
+    kv_bytes_per_token,
+    model_state_bytes,
+    padded_vocab,
+    rollout_weight_bytes,
+    stage_params,
+)
+from hybridrl.plan.model_shape import ModelShapeError, canonical_name
+
+GPU = lambda: True  # noqa: E731  plan as on a GPU machine
+
+# Parameter counts the model cards publish (HF `num_parameters()`): the built-in table must reproduce them.
+PUBLISHED = {
+    "Qwen2.5-0.5B": 494_032_768, "Qwen2.5-1.5B": 1_543_714_304, "Qwen2.5-3B": 3_085_938_688,
+    "Qwen2.5-7B": 7_615_616_512, "Qwen2.5-14B": 14_770_033_664, "Qwen2.5-32B": 32_763_876_352,
+    "Qwen2.5-72B": 72_706_203_648, "Llama-3-8B": 8_030_261_248, "Llama-3-70B": 70_553_706_496,
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_builtin_shapes_match_published_parameter_counts(name):
+    assert resolve(name).params == PUBLISHED[name]
+
+
+def test_names_and_paths_resolve_to_the_table():
+    assert canonical_name("Qwen/Qwen2.5-7B-Instruct") == "Qwen2.5-7B"
+    assert canonical_name("/models/Meta-Llama-3.1-70B-Instruct/") == "Llama-3-70B"
+    assert canonical_name("~/models/deepseek-llm-7b-chat") == "deepseek-llm-7b"
+    assert canonical_name("/models/my-finetune") is None
+    with pytest.raises(ModelShapeError, match="--model-config"):
+        resolve("/models/my-finetune")
+
+
+def test_local_config_json_and_override_config(tmp_path):
+    cfg = {"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 64, "intermediate_size": 128,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    shape = resolve(str(tmp_path), {"num_hidden_layers": 6})
+    assert (shape.num_layers, shape.head_dim, shape.num_key_value_heads, shape.qkv_bias) == (6, 16, 2, False)
+    # embed 512*64 + 6 layers * (64*(64+2*32) + 64*64 + 3*64*128 + 2*64) + final norm 64 + untied head 512*64
+    assert shape.params == 512 * 64 + 6 * (64 * 128 + 64 * 64 + 3 * 64 * 128 + 128) + 64 + 512 * 64
+
+
+def test_vocab_padding_matches_the_megatron_adapter():
+    from hybridrl.adapters.megatron.hf_config import VOCAB_PAD_MULTIPLE
+
+    assert MEGATRON_VOCAB_MULTIPLE == VOCAB_PAD_MULTIPLE
+    assert (padded_vocab(152_064, 2), padded_vocab(128_256, 8), padded_vocab(1001, 2)) == (152_576, 129_024, 1024)
+
+
+def test_7b_tp2_params_bytes_by_hand():
+    """Qwen2.5-7B (h=3584, f=18944, 28 heads of 128, 4 KV heads, V=152064, untied) at tp=2 in bf16.
+
+    Per layer, tp-sharded: 3584*(3584+2*512) + 3584*3584 + (3584+2*512) + 3*3584*18944 = 233,050,624 -> /2
+    = 116,525,312, plus 2*3584 norm weights = 116,532,480; x28 = 3,262,909,440. Embedding and LM head, the vocab
+    padded to 152,576 (a multiple of 1024): 76,288*3584 = 273,416,192 each; final norm 3584.
+    Total 3,809,745,408 params = 7,619,490,816 bytes.
+    """
+    shape = resolve("Qwen2.5-7B")
+    p = stage_params(shape, tp=2, pp=1, stage=0)
+    assert p == 3_809_745_408
+    # the two tp shards hold the model once, the replicated norms twice, and 512 padded vocab rows in 2 matrices
+    assert 2 * p - (28 * 2 * 3584 + 3584) - 2 * 512 * 3584 == PUBLISHED["Qwen2.5-7B"]
+    s = model_state_bytes(p, 2, optimizer_shards=4)
+    assert (s.params, s.grads, s.optimizer) == (7_619_490_816, 15_238_981_632, 11_429_236_224)  # 2P, 4P, 12P/4
+    assert model_state_bytes(p, 2, optimizer_shards=1).optimizer == 12 * p
+    assert model_state_bytes(p, 4).optimizer == 8 * p  # fp32 training: no master copy
+
+
+def test_70b_tp8_pp2_stages_by_hand():
+    """Llama-3-70B at tp=8, pp=2: 40 layers a stage of 855,638,016/8 + 2*8192 params; embedding on stage 0,
+    final norm + LM head on stage 1 (each 129,024/8 * 8192, the vocab padded from 128,256)."""
+    shape = resolve("Llama-3-70B")
+    layers = 40 * (855_638_016 // 8 + 2 * 8192)
+    s0, s1 = stage_params(shape, 8, 2, 0), stage_params(shape, 8, 2, 1)
+    assert (s0, s1) == (layers + 16_128 * 8192, layers + 8192 + 16_128 * 8192)
+    assert 8 * (s0 + s1) - 7 * (80 * 2 * 8192 + 8192) - 2 * 768 * 8192 == PUBLISHED["Llama-3-70B"]
+
+
+def test_tied_embeddings_copy_on_last_stage_only_with_pipeline():
+    shape = resolve("Qwen2.5-0.5B")  # tied; vocab 151,936 padded to 152,576
+    padding = (152_576 - 151_936) * 896
+    assert stage_params(shape, 1, 2, 1) - stage_params(shape, 1, 2, 0) == 896  # both hold Vp*h; last adds the norm
+    assert stage_params(shape, 1, 1, 0) == PUBLISHED["Qwen2.5-0.5B"] + padding  # one shared matrix
+    assert stage_params(shape, 1, 1, 0, lm_head=False) == PUBLISHED["Qwen2.5-0.5B"] + padding + 896  # value head
+
+
+def test_kv_cache_and_rollout_weights_by_hand():
+    shape = resolve("Qwen2.5-7B")
+    assert kv_bytes_per_token(shape, 2, 2) == 2 * 28 * 2 * 128 * 2  # K+V, 28 layers, 4/2 KV heads, d=128, bf16
+    assert kv_bytes_per_token(shape, 8, 2) == 2 * 28 * 1 * 128 * 2  # tp_g > KV heads: one head each, replicated
+    assert rollout_weight_bytes(shape, 2, 2) == 7_615_820_800  # vLLM keeps the unpadded 152,064 rows
+
+
+def _run(*overrides, config_name=None):
+    return validate(load_config(list(overrides), config_name=config_name), cuda_available=GPU)
+
+
+def test_7b_8gpu_preset_plan_by_hand():
+    run = _run("preset=7b_8gpu")
+    plan = estimate(run, resolve("Qwen2.5-7B"), 80 * GiB, overhead_bytes=3 * GiB)
+    train = plan.phases["train_actor"].parts
+    assert (train["actor_params"], train["actor_grads"], train["actor_optimizer"]) == (
+        7_619_490_816, 15_238_981_632, 11_429_236_224)
+    # micro-batch 4 x 1024 tokens = 4096 tokens; per layer and token (bytes): 2*(4*3584/2 + (2*3584+2*512)/2
+    # + 3*18944/2) + 4*28/2 = 79,416; x4096 x28 layers = 9,108,062,208; logits 4096 * 152,576/2 * (2+4+4).
+    assert train["activations"] == 79_416 * 4096 * 28 + 4096 * 76_288 * 10
+    # the critic (PPO default) and the sleeping vLLM are offloaded/asleep while the actor trains
+    assert train["critic_params"] == train["critic_optimizer"] == train["rollout_kv_cache"] == 0
+    rollout = plan.phases["rollout"].parts
+    assert rollout["actor_params"] == rollout["actor_optimizer"] == rollout["critic_grads"] == 0
+    vllm = rollout["rollout_weights"] + rollout["rollout_activations"] + rollout["rollout_kv_cache"]
+    assert vllm == int(0.5 * 80 * GiB)  # vLLM's share is gpu_memory_utilization of the card
+    assert plan.kv_cache.tokens == rollout["rollout_kv_cache"] // 28_672
+    assert plan.phases["rollout"].total == vllm + 3 * GiB
+
+
+def test_offload_flags_decide_what_stays_during_rollout():
+    run = _run("preset=7b_8gpu", "actor_rollout_ref.actor.megatron.param_offload=false",
+               "actor_rollout_ref.actor.megatron.use_distributed_optimizer=false")
+    rollout = estimate(run, resolve("Qwen2.5-7B"), 80 * GiB).phases["rollout"].parts
+    assert rollout["actor_params"] == 7_619_490_816 and rollout["actor_grads"] == 0
+    train = estimate(run, resolve("Qwen2.5-7B"), 80 * GiB).phases["train_actor"].parts
+    assert train["actor_optimizer"] == 12 * 3_809_745_408  # not sharded over dp
+
+
+def test_pipeline_in_flight_and_recompute_by_hand():
+    """7b_8gpu_tp2pp2: 14 layers a stage, training micro-batches of 2 x 1024 tokens, log-prob passes of 4 x 1024."""
+    shape = resolve("Qwen2.5-7B")
+    layer = 79_416 * 2048  # A_layer for 2048 tokens (see test_7b_8gpu_preset_plan_by_hand)
+    train = estimate(_run("preset=7b_8gpu_tp2pp2"), shape, 80 * GiB).phases["train_actor"]
+    # 1F1B: stage 0 holds pp=2 micro-batches in flight; stage 1 holds one plus the logits
+    assert train.stage == 0 and train.parts["activations"] == 14 * 2 * layer
+
+    recompute = _run("preset=7b_8gpu_tp2pp2", "actor_rollout_ref.model.enable_gradient_checkpointing=true")
+    phase = estimate(recompute, shape, 80 * GiB).phases["train_actor"]
+    kept = 2048 * 2 * 3584 // 2  # a recomputed layer keeps its input (bf16, split over tp by sequence parallelism)
+    train_last = 14 * kept + layer + 2048 * 76_288 * 10
+    forward_last = 79_416 * 4096 + 4096 * 76_288 * 6  # one layer + bf16 logits and fp32 log-softmax, no grad
+    assert phase.stage == 1 and phase.parts["activations"] == max(train_last, forward_last)
