@@ -152,25 +152,46 @@ def split_proto_args(args: tuple, kwargs: dict, parts: int) -> tuple[list[tuple[
     return calls, pad_size
 
 
-def concat_rows(parts: list[Any], pad_size: int) -> Any:
-    """Join per-slice outputs in order and drop the padding rows at the end.
+@dataclass(frozen=True)
+class Padding:
+    """Rows the dispatch step added (`pad_size`) to an input of `padded_rows` rows."""
 
-    DataProto, tensors (first dim) and lists are joined row-wise; all-None gives None; any other
-    output type (e.g. a metrics dict) comes back as the list of per-slice outputs.
+    pad_size: int
+    padded_rows: int
+
+
+def concat_rows(parts: list[Any], padding: "Padding | int") -> Any:
+    """Join per-slice outputs in order and drop the rows that came from padding.
+
+    A method may return a fixed number of rows per input row (generation returns n samples per
+    prompt): the padding to drop is scaled by that ratio. DataProto, tensors (first dim) and lists are
+    joined row-wise; all-None gives None; any other output type (e.g. a metrics dict) comes back as
+    the list of per-slice outputs.
     """
     if all(p is None for p in parts):
         return None
     first = parts[0]
     if isinstance(first, DataProto):
         joined = DataProto.concat(parts)
-        return joined[: len(joined) - pad_size] if pad_size else joined
+        return joined[: len(joined) - _scaled_pad(len(joined), padding)]
     if isinstance(first, torch.Tensor):
         joined = torch.cat(parts)
-        return joined[: joined.shape[0] - pad_size]
+        return joined[: joined.shape[0] - _scaled_pad(joined.shape[0], padding)]
     if isinstance(first, list):
         joined = [x for p in parts for x in p]
-        return joined[: len(joined) - pad_size]
+        return joined[: len(joined) - _scaled_pad(len(joined), padding)]
     return parts
+
+
+def _scaled_pad(out_rows: int, padding: "Padding | int") -> int:
+    if isinstance(padding, int):
+        return padding
+    if padding.pad_size == 0 or out_rows == padding.padded_rows:
+        return padding.pad_size
+    if padding.padded_rows == 0 or out_rows % padding.padded_rows:
+        raise ValueError(f"outputs have {out_rows} rows for {padding.padded_rows} padded input rows: a method "
+                         "under a *_COMPUTE_PROTO mode must return the same number of rows per input row")
+    return padding.pad_size * (out_rows // padding.padded_rows)
 
 
 # ---------------------------------------------------------------------- built-in modes
@@ -201,7 +222,7 @@ def _rank_zero_collect(info: GroupInfo, outputs: dict[int, Any], plan: DispatchP
 
 def _dp_compute_proto(info: GroupInfo, args: tuple, kwargs: dict) -> DispatchPlan:
     calls, pad_size = split_proto_args(args, kwargs, info.world_size)
-    return DispatchPlan(dict(enumerate(calls)), state=pad_size)
+    return DispatchPlan(dict(enumerate(calls)), state=Padding(pad_size, _proto_rows(args, kwargs) + pad_size))
 
 
 def _dp_compute_proto_collect(info: GroupInfo, outputs: dict[int, Any], plan: DispatchPlan) -> Any:
@@ -236,7 +257,11 @@ def _mesh_compute_proto(info: GroupInfo, args: tuple, kwargs: dict) -> DispatchP
     assert mesh is not None
     calls = {r: slices[d.dp_rank] for r, d in enumerate(mesh)}
     collect = tuple(sorted((r for r, d in enumerate(mesh) if d.is_collect), key=lambda r: mesh[r].dp_rank))
-    return DispatchPlan(calls, collect_ranks=collect, state=pad_size)
+    return DispatchPlan(calls, collect_ranks=collect, state=Padding(pad_size, _proto_rows(args, kwargs) + pad_size))
+
+
+def _proto_rows(args: tuple, kwargs: dict) -> int:
+    return next(len(a) for a in (*args, *kwargs.values()) if isinstance(a, DataProto))
 
 
 def _mesh_compute_proto_collect(info: GroupInfo, outputs: dict[int, Any], plan: DispatchPlan) -> Any:

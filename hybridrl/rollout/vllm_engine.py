@@ -80,6 +80,25 @@ class VLLMRolloutEngine(RolloutEngine):
             **(engine_kwargs or {}),
         )
         self._asleep = False
+        self.weight_dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+        self.checksum_rtol = 1e-6  # vLLM sums fused and sharded tensors in another order than the sender
+        hf = self.llm.llm_engine.model_config.hf_config
+        kv = getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads
+        self._kv_replicas = float(max(1, tp_size // kv))
+
+    @classmethod
+    def from_config(cls, model_dir: str, rollout_cfg: Any, *, tp_g: int, pad_token_id: int,
+                    max_model_len: int, trust_remote_code: bool = False) -> "VLLMRolloutEngine":
+        """From actor_rollout_ref.rollout (its engine_kwargs.vllm pass through to vllm.LLM)."""
+        r = rollout_cfg
+        return cls(
+            model_dir, tp_size=tp_g, dtype=r.dtype, gpu_memory_utilization=r.gpu_memory_utilization,
+            max_model_len=r.max_model_len or max_model_len, max_num_seqs=r.max_num_seqs,
+            max_num_batched_tokens=r.max_num_batched_tokens, enforce_eager=r.enforce_eager,
+            enable_chunked_prefill=r.enable_chunked_prefill, enable_prefix_caching=r.enable_prefix_caching,
+            seed=r.seed, pad_token_id=pad_token_id, trust_remote_code=trust_remote_code,
+            engine_kwargs=dict((r.engine_kwargs or {}).get("vllm", {}) or {}),
+        )
 
     # ------------------------------------------------------------------ generation
     def generate(self, prompts: DataProto, sampling: SamplingParams) -> DataProto:
@@ -130,13 +149,25 @@ class VLLMRolloutEngine(RolloutEngine):
     def weight_checksums(self, hf_names: Iterable[str]) -> dict[str, float]:
         """Float64 sums of the named HF weights as vLLM holds them, reduced over the replica's tp group.
 
-        Fused parameters (qkv_proj, gate_up_proj) hold several HF tensors: the returned value of each
-        member is the fused parameter's sum (the sender compares against the sum of its members).
-        Replicated parameters are divided by tp_g; key/value heads replicated across tp ranks are
-        counted by their replica factor (see `expected_fused_sum`).
+        A fused parameter (qkv_proj, gate_up_proj) reports its own sum under each member's name;
+        `checksum_terms` tells the checker which sent tensors add up to it. Replicated parameters
+        (norms) are divided by tp_g after the all-reduce.
         """
         wanted = list(hf_names)
         return self.llm.apply_model(lambda model: _local_sums(model, wanted, self.tp_size))[0]
+
+    def checksum_terms(self, hf_name: str) -> list[tuple[str, float]]:
+        _, _, size = _vllm_name(hf_name)
+        if size == 1:
+            return [(hf_name, 1.0)]
+        for fused, members in PACKED.items():
+            for m in members:
+                if f".{m}." in hf_name:
+                    names = [hf_name.replace(f".{m}.", f".{x}.") for x in members]
+                    # key/value heads are replicated when there are fewer of them than tp_g ranks
+                    coef = [1.0, self._kv_replicas, self._kv_replicas] if fused == "qkv_proj" else [1.0, 1.0]
+                    return list(zip(names, coef))
+        return [(hf_name, 1.0)]
 
     # ------------------------------------------------------------------ memory phases
     def wake_up(self, tags: Optional[list[str]] = None) -> None:

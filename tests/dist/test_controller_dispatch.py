@@ -81,7 +81,7 @@ def assert_same(a: DataProto, b: DataProto) -> None:
 def test_dp_compute_proto_pads_and_strips(rows, workers):
     data = cw.make_rows(rows)
     out, plan = run_mode("DP_COMPUTE_PROTO", GroupInfo(workers), lambda r, d: cw.row_fn(d), data)
-    assert plan.state == (-rows) % workers  # pad size
+    assert plan.state.pad_size == (-rows) % workers and plan.state.padded_rows == rows + plan.state.pad_size
     assert len({len(a[0]) for a, _ in plan.calls.values()}) == 1  # equal slices
     assert_same(out, cw.row_fn(data))
 
@@ -232,6 +232,24 @@ def test_named_meshes_dispatch_independently():
     # rollout: one replica; every rank gets all rows, only rank 0 returns
     assert g.rollout(cw.make_rows(5)).batch["rank"].tolist() == [0] * 5
     assert g.dispatch_info("test_rollout")[3] == DispatchInfo(0, 1, False)
+
+
+def test_expanding_outputs_drop_scaled_padding():
+    """A method returning n rows per input row (generation): the padding rows' n outputs are dropped."""
+    class Expand(Worker):
+        @register(Dispatch.DP_COMPUTE_PROTO)
+        def gen(self, d):
+            return d.repeat(3, interleave=True)
+
+        @register(Dispatch.DP_COMPUTE_PROTO)
+        def bad(self, d):
+            return d[:1]
+
+    g = InProcessGroup(Expand, 2)
+    out = g.gen(cw.make_rows(5))  # padded to 6 rows -> 18 outputs -> the 3 of the padding row are dropped
+    assert_same(out, cw.make_rows(5).repeat(3, interleave=True))
+    with pytest.raises(ValueError, match="same number of rows per input row"):
+        g.bad(cw.make_rows(5))
 
 
 def test_register_validates_and_group_rejects_unknown_or_reserved_names():

@@ -1,0 +1,27 @@
+"""Build the rollout engine a worker colocates with its actor, by `RolloutLayout.engine`."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .base import RolloutEngine
+
+
+def build_engine(engine: str, model_dir: str, rollout_cfg: Any, *, tp_g: int, tokenizer: Any, hf_config: Any,
+                 device: torch.device, max_model_len: int, trust_remote_code: bool = False) -> RolloutEngine:
+    """"torch": the built-in engine (CPU default; on GPU too for debugging); "vllm": vllm.LLM in this process."""
+    if engine == "torch":
+        from .torch_engine import TorchRolloutEngine
+
+        if tp_g != 1 and device.type == "cuda":
+            raise ValueError("actor_rollout_ref.rollout.name=torch does not shard: set "
+                             "actor_rollout_ref.rollout.tensor_model_parallel_size=1 or use vllm")
+        return TorchRolloutEngine.from_rollout_config(hf_config, rollout_cfg, tokenizer=tokenizer, device=device)
+    if engine == "vllm":
+        from .vllm_engine import VLLMRolloutEngine
+
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        return VLLMRolloutEngine.from_config(model_dir, rollout_cfg, tp_g=tp_g, pad_token_id=pad,
+                                             max_model_len=max_model_len, trust_remote_code=trust_remote_code)
+    raise ValueError(f"actor_rollout_ref.rollout.name={engine!r}: unknown engine; use torch or vllm")

@@ -1,0 +1,147 @@
+"""ActorRolloutRefWorker: policy + rollout engine + reference policy in one process per GPU.
+
+Two meshes are declared for dispatch: the training layout (tp x pp x dp; a batch is split over dp and
+collected from tp rank 0 of the last pipeline stage) for log-probs and updates, and the rollout layout
+(replicas of tp_g consecutive ranks; a batch of prompts is split over replicas and collected from each
+replica's first rank) for generation.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Optional
+
+from hybridrl.config import RunConfig
+from hybridrl.controller import Dispatch, Worker, register, register_mesh_dispatch_mode
+from hybridrl.protocol import DataProto
+from hybridrl.utils.imports import load_object
+
+from .common import load_tokenizer_for, setup_process
+
+ROLLOUT_MESH = "rollout"
+ROLLOUT_COMPUTE_PROTO = "ROLLOUT_COMPUTE_PROTO"
+register_mesh_dispatch_mode(ROLLOUT_COMPUTE_PROTO, ROLLOUT_MESH, override=True)
+
+
+def _actor_class(run: RunConfig) -> type:
+    adapter = run.cfg.actor_rollout_ref.actor.adapter
+    if adapter.path:
+        from hybridrl.adapters.base import ActorModel
+
+        cls = load_object(adapter.path, adapter.name or "", "actor_rollout_ref.actor.adapter.path",
+                          "actor_rollout_ref.actor.adapter.name")
+        if not (isinstance(cls, type) and issubclass(cls, ActorModel)):
+            raise TypeError(f"actor_rollout_ref.actor.adapter: {adapter.path}:{adapter.name} must subclass "
+                            "hybridrl.adapters.base.ActorModel")
+        return cls
+    from hybridrl.adapters.megatron import MegatronActor
+
+    return MegatronActor
+
+
+class ActorRolloutRefWorker(Worker):
+    def __init__(self, run: RunConfig, model_dir: str, total_training_steps: int) -> None:
+        self.run = run
+        self.model_dir = model_dir
+        self.total_training_steps = total_training_steps
+        self.actor: Any = None
+        self.ref: Any = None
+        self.engine: Any = None
+        self.sync: Any = None
+        self.plan: Any = None
+        self.sync_count = 0
+
+    # ------------------------------------------------------------------ setup
+    @register(Dispatch.ONE_TO_ALL)
+    def init_model(self) -> dict[str, Any]:
+        from hybridrl.adapters.megatron import MegatronActor
+        from hybridrl.hybrid.plan import ReshardPlan
+        from hybridrl.hybrid.weight_sync import SyncOptions, WeightSync
+        from hybridrl.rollout.factory import build_engine
+
+        run, d = self.run, self.run.derived
+        ara = run.cfg.actor_rollout_ref
+        device = setup_process(self, run)
+        model = dataclasses.replace(ara.model, path=self.model_dir)
+        start = time.perf_counter()
+        self.actor = _actor_class(run)(model, ara.actor, d.actor, d.actor_batch,
+                                       total_training_steps=self.total_training_steps)
+        if d.use_reference:
+            self.ref = MegatronActor.reference(model, ara.ref, d.actor, d.ref_forward_micro_batch_per_gpu)
+        tokenizer = load_tokenizer_for(self.model_dir, run)
+        hf_config = self.actor.hf_config
+        self.plan = ReshardPlan.from_layouts(d.actor, d.rollout, hf_config)
+        self._declare_meshes()
+        # The engine measures free memory when it starts: give it the memory training state holds.
+        self.actor.offload(params=True, grads=True, optimizer=True)
+        self.engine = build_engine(
+            d.rollout.engine, self.model_dir, ara.rollout, tp_g=d.rollout.tp, tokenizer=tokenizer,
+            hf_config=hf_config, device=device, trust_remote_code=ara.model.trust_remote_code,
+            max_model_len=run.cfg.data.max_prompt_length + run.cfg.data.max_response_length,
+        )
+        self.engine.sleep()
+        self.actor.onload(params=True, grads=True, optimizer=True)
+        self.sync = WeightSync(self.actor, self.engine, SyncOptions.from_config(ara.rollout, ara.actor.megatron),
+                               self.plan)
+        return {"rank": self.rank, "seconds": time.perf_counter() - start, "plan": self.plan.describe()}
+
+    def _declare_meshes(self) -> None:
+        info = self.actor.dispatch_info()
+        self.set_dispatch_info(info.dp_rank, info.dp_size, info.is_collect)
+        where = self.plan.placement(self.rank)
+        self.set_dispatch_info(where.replica, self.plan.dp_g, where.tp_g_rank == 0, mesh=ROLLOUT_MESH)
+
+    # ------------------------------------------------------------------ rollout
+    @register(ROLLOUT_COMPUTE_PROTO)
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """n samples per prompt of this replica's prompts (meta_info: step, validate)."""
+        from hybridrl.hybrid.weight_sync import generate_sequences
+        from hybridrl.rollout.sampling import sampling_from_config
+
+        step = int(prompts.meta_info.get("step", 0))
+        validate = bool(prompts.meta_info.get("validate", False))
+        where = self.plan.placement(self.rank)
+        sampling = sampling_from_config(self.run.cfg.actor_rollout_ref.rollout, validate, step=step,
+                                        replica=where.replica)
+        self.sync_count += 1
+        out, metrics = generate_sequences(self.sync, prompts, sampling, step=self.sync_count)
+        out.meta_info.update(prompts.meta_info)
+        out.meta_info["metrics"] = metrics
+        return out
+
+    # ------------------------------------------------------------------ training
+    @register(Dispatch.MESH_COMPUTE_PROTO)
+    def compute_log_prob(self, data: DataProto) -> DataProto:
+        out = self.actor.compute_log_prob(data, calculate_entropy=True)
+        return DataProto.from_dict({"old_log_probs": out.batch["log_probs"], "entropys": out.batch["entropys"]})
+
+    @register(Dispatch.MESH_COMPUTE_PROTO)
+    def compute_ref_log_prob(self, data: DataProto) -> DataProto:
+        if self.ref is None:
+            raise RuntimeError("compute_ref_log_prob: no reference model (use_kl_loss and use_kl_in_reward are off)")
+        out = self.ref.compute_log_prob(data, calculate_entropy=False)
+        return DataProto.from_dict({"ref_log_prob": out.batch["log_probs"]})
+
+    @register(Dispatch.MESH_COMPUTE_PROTO)
+    def update_actor(self, data: DataProto) -> DataProto:
+        start = time.perf_counter()
+        metrics = self.actor.update_policy(data)
+        metrics["timing_s/update_actor_worker"] = time.perf_counter() - start
+        return DataProto(meta_info={"metrics": metrics})
+
+    # ------------------------------------------------------------------ checkpoints
+    @register(Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, path: str) -> None:
+        self.actor.save_checkpoint(path)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> None:
+        self.actor.load_checkpoint(path)
+
+    @register(Dispatch.RANK_ZERO)
+    def model_info(self) -> dict[str, Any]:
+        cfg = self.actor.hf_config
+        return {"hf_config": cfg.to_dict(), "num_params": getattr(self.actor, "num_params", None)}
+
+    def shutdown_engine(self) -> Optional[None]:
+        self.engine = None

@@ -1,0 +1,30 @@
+"""What every role worker does first: join torch.distributed and size this process for its slot."""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from hybridrl.config import RunConfig
+
+
+def setup_process(worker: Any, run: RunConfig) -> torch.device:
+    """Join the process group (NCCL on GPU, gloo on CPU) and pick the device; returns it.
+
+    On CPU every rank shares the machine's cores: without a thread cap, N ranks x all cores threads
+    oversubscribe and a 2-core machine slows to a crawl.
+    """
+    worker.init_distributed(timeout_s=run.cfg.trainer.dist_timeout_s)
+    if run.derived.device == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", run.cfg.trainer.n_gpus_per_node)))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
+    return torch.device("cpu")
+
+
+def load_tokenizer_for(model_dir: str, run: RunConfig) -> Any:
+    from hybridrl.data.tokenizer import load_tokenizer
+
+    path = run.cfg.data.tokenizer or model_dir
+    return load_tokenizer(path, trust_remote_code=run.cfg.actor_rollout_ref.model.trust_remote_code)

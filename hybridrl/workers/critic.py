@@ -1,0 +1,49 @@
+"""CriticWorker: the value model, colocated with the actor (same processes, same Megatron layout)."""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+from hybridrl.config import RunConfig
+from hybridrl.controller import Dispatch, Worker, register
+from hybridrl.protocol import DataProto
+
+from .common import setup_process
+
+
+class CriticWorker(Worker):
+    def __init__(self, run: RunConfig, model_dir: str, total_training_steps: int) -> None:
+        self.run = run
+        self.model_dir = model_dir
+        self.total_training_steps = total_training_steps
+        self.critic: Any = None
+
+    @register(Dispatch.ONE_TO_ALL)
+    def init_model(self) -> dict[str, Any]:
+        from hybridrl.adapters.megatron import MegatronCritic
+
+        run, d = self.run, self.run.derived
+        setup_process(self, run)
+        start = time.perf_counter()
+        cfg = dataclasses.replace(run.cfg.critic, model=dataclasses.replace(run.cfg.critic.model, path=self.model_dir))
+        self.critic = MegatronCritic(cfg, d.critic, d.critic_batch, total_training_steps=self.total_training_steps)
+        info = self.critic.dispatch_info()
+        self.set_dispatch_info(info.dp_rank, info.dp_size, info.is_collect)
+        return {"rank": self.rank, "seconds": time.perf_counter() - start}
+
+    @register(Dispatch.MESH_COMPUTE_PROTO)
+    def compute_values(self, data: DataProto) -> DataProto:
+        return self.critic.compute_values(data)
+
+    @register(Dispatch.MESH_COMPUTE_PROTO)
+    def update_critic(self, data: DataProto) -> DataProto:
+        return DataProto(meta_info={"metrics": self.critic.update_critic(data)})
+
+    @register(Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, path: str) -> None:
+        self.critic.save_checkpoint(path)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> None:
+        self.critic.load_checkpoint(path)
