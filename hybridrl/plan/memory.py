@@ -42,7 +42,9 @@ Phases (each component is 0 when absent; totals are for the busiest pipeline sta
     train_critic  the critic's update (PPO with GAE): the same with the critic's state and activations
     rollout       generation: vLLM's share + what the training roles keep after offload
 An idle role keeps params/grads/optimizer unless its megatron.{param,grad,optimizer}_offload is set (the
-reference has params only). Every phase adds `overhead` (CUDA context, NCCL communicators, allocator
+reference has params only). During rollout the hybrid engine always moves the actor's grads and optimizer
+state off the GPU before vLLM wakes (hybridrl/hybrid/weight_sync.py, step 1); its params stay unless
+param_offload. Every phase adds `overhead` (CUDA context, NCCL communicators, allocator
 slack), a flat estimate. On CPU (trainer.device=cpu) the same numbers are host memory per process:
 float32, offload has no effect and the torch rollout engine keeps no preallocated KV cache.
 """
@@ -274,6 +276,8 @@ class RolloutMemory:
 def phase_parts(name: str, s: StageMemory, r: RolloutMemory, overhead: int) -> dict[str, int]:
     """The components of phase `name` on one stage (see "Phases" in the module docstring)."""
     actor = s.actor.state if name == "train_actor" else s.actor.idle()
+    if name == "rollout":  # WeightSync.push offloads grads and optimizer whatever the flags say
+        actor = ModelState(actor.params, 0, 0)
     critic = None if s.critic is None else (s.critic.state if name == "train_critic" else s.critic.idle())
     ref = s.ref.idle() if s.ref is not None else None  # the reference never trains: params only
     parts = {c: 0 for c in COMPONENTS}

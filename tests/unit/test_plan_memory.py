@@ -126,10 +126,13 @@ def test_7b_8gpu_preset_plan_by_hand():
 
 
 def test_offload_flags_decide_what_stays_during_rollout():
-    run = _run("preset=7b_8gpu", "actor_rollout_ref.actor.megatron.param_offload=false",
+    flags = [f"actor_rollout_ref.actor.megatron.{k}=false" for k in ("param_offload", "grad_offload", "optimizer_offload")]
+    run = _run("preset=7b_8gpu", *flags, "critic.megatron.grad_offload=false",
                "actor_rollout_ref.actor.megatron.use_distributed_optimizer=false")
     rollout = estimate(run, resolve("Qwen2.5-7B"), 80 * GiB).phases["rollout"].parts
-    assert rollout["actor_params"] == 7_619_490_816 and rollout["actor_grads"] == 0
+    # the weight sync always moves the actor's grads and optimizer off the GPU; params follow param_offload
+    assert rollout["actor_params"] == 7_619_490_816 and rollout["actor_grads"] == rollout["actor_optimizer"] == 0
+    assert rollout["critic_grads"] > 0 and rollout["critic_params"] == 0  # the critic follows its own flags
     train = estimate(run, resolve("Qwen2.5-7B"), 80 * GiB).phases["train_actor"].parts
     assert train["actor_optimizer"] == 12 * 3_809_745_408  # not sharded over dp
 
