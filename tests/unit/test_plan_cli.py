@@ -78,6 +78,16 @@ def test_layers_not_divisible_by_pp_times_vpp(capsys):
     assert problems[0]["knob"] == vpp and "2*4" in problems[0]["message"]
 
 
+def test_interleaved_schedule_needs_micro_batches_in_groups_of_pp(capsys):
+    vpp = f"{ARA}.actor.megatron.virtual_pipeline_model_parallel_size"
+    # 256 prompts / dp=2 = 128 samples per rank; micro-batch 2 -> 64 micro-batches (a multiple of pp=2): fine
+    code, _ = plan_json(capsys, "preset=7b_8gpu_tp2pp2", f"{vpp}=2", "--model-config", "Qwen2.5-7B")
+    assert code == 0
+    problems = refused(capsys, "preset=7b_8gpu_tp2pp2", f"{vpp}=2", f"{ARA}.actor.ppo_micro_batch_size_per_gpu=128",
+                       f"{ARA}.rollout.log_prob_micro_batch_size_per_gpu=4", "--model-config", "Qwen2.5-7B")
+    assert problems[0]["knob"] == f"{ARA}.actor.ppo_micro_batch_size_per_gpu" and "e.g. 64" in problems[0]["message"]
+
+
 def test_world_not_divisible_by_model_parallel_size(capsys):
     problems = refused(capsys, "preset=7b_8gpu_tp2pp2", f"{PP}=3", "--model-config", "Qwen2.5-7B")
     assert "tp*pp*cp = 2*3*1 = 6 does not divide the 8 ranks" in problems[0]["message"]
