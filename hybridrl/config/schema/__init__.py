@@ -4,6 +4,7 @@ from .algorithm import AlgorithmConfig, KLControlConfig
 from .common import CheckpointConfig, CustomClsConfig, Link, MegatronConfig, OptimConfig
 from .critic import CriticConfig, CriticModelConfig, CustomRewardFunctionConfig, RewardModelConfig
 from .data import DataConfig
+from .evaluation import EvalConfig  # noqa: F401  main_eval's schema (not a section of PPOConfig)
 from .rollout import RolloutConfig, SamplingConfig, SyncCheckConfig
 from .root import ActorRolloutRefConfig, PPOConfig
 from .trainer import RayKwargsConfig, TrainerConfig
