@@ -30,6 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
+from hybridrl.adapters.base import ActorModel
 from hybridrl.protocol import DataProto
 from hybridrl.rollout.base import RolloutEngine, SamplingParams
 
@@ -69,7 +70,7 @@ class SyncOptions:
 
 
 class WeightSync:
-    def __init__(self, actor: Any, engine: RolloutEngine, options: SyncOptions,
+    def __init__(self, actor: ActorModel, engine: RolloutEngine, options: SyncOptions,
                  plan: Optional[ReshardPlan] = None) -> None:
         self.actor = actor
         self.engine = engine
