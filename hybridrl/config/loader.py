@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import functools
 import os
 import re
 import types
@@ -44,6 +45,7 @@ class ConfigError(ValueError):
 
 
 # ------------------------------------------------------------------------------------------ schema walk
+@functools.lru_cache(maxsize=None)
 def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 

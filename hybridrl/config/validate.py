@@ -213,6 +213,9 @@ def _rollout(cfg: PPOConfig, device: str, world: int, p: _Problems) -> RolloutLa
         dp_g = world // tp_g
     else:
         dp_g = 1
+    p.check(tp_g <= cfg.trainer.n_gpus_per_node,
+            f"{key}.tensor_model_parallel_size={tp_g} is larger than trainer.n_gpus_per_node={cfg.trainer.n_gpus_per_node}: "
+            f"a colocated rollout replica must fit in one node; use at most {cfg.trainer.n_gpus_per_node}")
     p.check(r.pipeline_model_parallel_size == 1, f"{key}.pipeline_model_parallel_size must be 1 (the rollout engine is not pipelined)")
     p.check(r.data_parallel_size in (1, dp_g),
             f"{key}.data_parallel_size={r.data_parallel_size}: the rollout replicas are world/tp_g = {dp_g}; leave it at 1")
@@ -279,6 +282,7 @@ def _batch_plan(key: str, role: Any, dp: int, n: int, cfg: PPOConfig, p: _Proble
                    f"{key}.ppo_micro_batch_size_per_gpu={micro} does not divide the per-rank mini-batch of {per_dp} samples "
                    f"(ppo_mini_batch_size*rollout.n/dp = {mini}*{n}/{dp}); e.g. set it to {_divisor_near(per_dp, micro)}"):
             accum = per_dp // micro
+            _check_interleaved(key, role, accum, micro, per_dp, p)
     p.check(role.ppo_epochs >= 1, f"{key}.ppo_epochs={role.ppo_epochs} must be >= 1")
     fwd = _micro(forward_key, forward_global, forward_per_gpu, dp, p, *forward_names)
     if fwd is None and not role.use_dynamic_bsz:
@@ -298,6 +302,20 @@ def _batch_plan(key: str, role: Any, dp: int, n: int, cfg: PPOConfig, p: _Proble
         forward_micro_batch_per_gpu=fwd,
         forward_max_token_len_per_gpu=forward_max_tokens,
     )
+
+
+def _check_interleaved(key: str, role: Any, accum: int, micro: int, per_dp: int, p: _Problems) -> None:
+    """megatron-core's interleaved (virtual pipeline) schedule runs micro-batches in groups of pp."""
+    m = role.megatron
+    vpp, pp = m.virtual_pipeline_model_parallel_size, m.pipeline_model_parallel_size
+    if not vpp or pp <= 1 or accum % pp == 0:
+        return
+    good = [d for d in range(1, per_dp + 1) if per_dp % d == 0 and (per_dp // d) % pp == 0]
+    hint = f"; e.g. ppo_micro_batch_size_per_gpu={max(good)}" if good else ""
+    p.errors.append(f"{key}.ppo_micro_batch_size_per_gpu={micro} gives {accum} micro-batches per optimizer step "
+                    f"({per_dp} samples per rank); the interleaved pipeline schedule ({key}.megatron."
+                    f"virtual_pipeline_model_parallel_size={vpp}) runs them in groups of pipeline_model_parallel_size={pp} "
+                    f"and needs a multiple of it{hint}")
 
 
 def _divisor_near(n: int, want: int) -> int:

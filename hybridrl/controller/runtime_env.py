@@ -121,6 +121,9 @@ def init_ray(num_cpus: int | None = None, num_gpus: int | None = None, *, addres
 
     if ray.is_initialized():
         return None
+    if address or os.environ.get("RAY_ADDRESS"):
+        # joining an existing cluster: its resources are fixed, and Ray refuses num_cpus/num_gpus here
+        num_cpus = num_gpus = None
     runtime_env = build_runtime_env(working_dir, extra_env)
     logger.info("starting Ray with %s", describe_runtime_env(runtime_env))
     ctx = ray.init(

@@ -90,6 +90,12 @@ BAD = [
     (["actor_rollout_ref.actor.strategy=fsdp"], "actor_rollout_ref.actor.strategy='fsdp'"),
     (["actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=100"],
      "ppo_max_token_len_per_gpu=100 is below the longest sequence"),
+    (["trainer.n_gpus_per_node=2", "trainer.nnodes=2", "actor_rollout_ref.rollout.tensor_model_parallel_size=4"],
+     "a colocated rollout replica must fit in one node; use at most 2"),
+    (["trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
+      "actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size=2",
+      "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64"],
+     "runs them in groups of pipeline_model_parallel_size=2 and needs a multiple of it; e.g. ppo_micro_batch_size_per_gpu=32"),
 ]
 
 
