@@ -1,0 +1,93 @@
+"""MegatronCritic: the actor's network with a scalar value head (builder.ValueHead) and PPO's clipped
+value loss. Values are read at the same positions as the actor's log-probs (the output at the token
+before each response token), as verl does; the loss is weighted for exact accumulation (actor.py)."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from hybridrl.adapters.base import CriticModel
+from hybridrl.algos import masked_sum, value_loss
+from hybridrl.config.schema.critic import CriticConfig
+from hybridrl.config.validate import BatchPlan, ParallelLayout
+from hybridrl.protocol import DataProto
+
+from .actor import NORMALISER, global_counts
+from .batching import micro_batches, mini_batch_rows
+from .forward import MicroBatch, gather_response
+from .role import MegatronRole
+
+METRICS = ["critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean"]
+
+
+def response_values(out: torch.Tensor, mb: MicroBatch) -> torch.Tensor:
+    """Value-head output [b, L, 1] -> values [b, R] (0 outside the attention mask)."""
+    values = gather_response(out, mb).squeeze(-1).float()
+    return torch.where(mb.resp_valid, values, torch.zeros_like(values))
+
+
+class MegatronCritic(MegatronRole, CriticModel):
+    role = "critic"
+
+    def __init__(self, critic: CriticConfig, layout: ParallelLayout, batch: BatchPlan, *,
+                 total_training_steps: Optional[int] = None) -> None:
+        self.cfg = critic
+        self.batch = batch
+        super().__init__(critic.model.path, critic.megatron, layout, optim=critic.optim, value_head=True,
+                         override_config=critic.model.override_config,
+                         recompute=critic.model.enable_gradient_checkpointing, load_weight=critic.load_weight,
+                         total_training_steps=total_training_steps)
+
+    def compute_values(self, data: DataProto) -> DataProto:
+        plan = self.batch
+        mbs = micro_batches(data, [], plan.forward_micro_batch_per_gpu,
+                            plan.forward_max_token_len_per_gpu if plan.use_dynamic_bsz else None, self._mb_multiple())
+
+        def loss_fn(out: torch.Tensor, mb: MicroBatch):
+            values = response_values(out, mb)
+            return values.new_zeros(()), {"values": values}
+
+        results = self.engine.run(mbs, loss_fn, forward_only=True)
+        values = self._gather_rows(results, mbs, "values", tuple(data.batch["responses"].shape))
+        if "response_mask" in data.batch:
+            values = values * data.batch["response_mask"].to(values.dtype)
+        return DataProto.from_dict({"values": values})
+
+    def update_critic(self, data: DataProto) -> dict[str, float]:
+        plan = self.batch
+        self.updates += 1
+        self.engine.scheduler.step(1)
+        keys = ["response_mask", "values", "returns"]
+        history: list[list[float]] = []
+        for epoch in range(plan.ppo_epochs):
+            seed = self._shuffle_seed(epoch)
+            for rows in mini_batch_rows(len(data), plan.mini_batch_per_dp, seed):
+                mini = data[rows]
+                mbs = micro_batches(mini, keys, plan.micro_batch_per_gpu,
+                                    plan.max_token_len_per_gpu if plan.use_dynamic_bsz else None, self._mb_multiple())
+                per_micro, grad_norm, applied = self.engine.train_step(mbs, self._loss_fn(mini))
+                history.append(self._rank_metrics(per_micro, METRICS) + [grad_norm])
+        n = len(history)
+        out = {k: sum(h[i] for h in history) / n for i, k in enumerate(METRICS + ["critic/grad_norm"])}
+        out["critic/lr"] = self.engine.lr()
+        return out
+
+    def _loss_fn(self, mini: DataProto):
+        agg = self.cfg.loss_agg_mode
+        normaliser = NORMALISER.get(agg, "rows")
+        tokens, rows = global_counts(mini)
+        clip = self.cfg.cliprange_value
+
+        def loss_fn(out: torch.Tensor, mb: MicroBatch):
+            x = mb.extras
+            mask = x["response_mask"]
+            vpreds = response_values(out, mb)
+            w_tok = float(mask.sum()) / max(tokens, 1.0)
+            w = {"tokens": w_tok, "rows": mask.shape[0] / max(rows, 1.0), "none": 1.0}[normaliser]
+            vf = value_loss(vpreds, x["returns"], x["values"], mask, clip, agg)
+            metrics = {"critic/vf_loss": vf.vf_loss.detach() * w, "critic/vf_clipfrac": vf.vf_clipfrac * w_tok,
+                       "critic/vpred_mean": masked_sum(vpreds.detach(), mask) / max(tokens, 1.0)}
+            return vf.vf_loss * w, metrics
+
+        return loss_fn

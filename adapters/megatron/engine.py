@@ -1,0 +1,208 @@
+"""The training engine shared by actor, critic and reference: model chunks, optimizer, schedules.
+
+Loss scaling contract (why `calculate_per_token_loss` and our own finalize): the loss a micro-batch
+returns is ALREADY its exact share of the mini-batch loss across all micro-batches and dp ranks
+(actor.py / critic.py weight it by tokens or rows over the global count). So the schedule must not
+divide by the number of micro-batches, DDP must SUM (not average) over dp, and nothing may divide by
+a token count afterwards: calculate_per_token_loss=True gives the first two, and `_finalize` calls
+megatron's finalize_model_grads without num_tokens for the third. The update is then invariant to
+micro-batch size and to dp.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, Callable, Iterable, Optional
+
+import torch
+import torch.distributed as dist
+
+from hybridrl.config.schema.common import OptimConfig
+from hybridrl.config.validate import ParallelLayout
+
+from .builder import unwrap, wrap_ddp
+from .forward import MicroBatch
+
+# (model output of the last stage [b, L, X], micro-batch) -> (loss scalar, {metric: detached scalar tensor})
+LossFn = Callable[[torch.Tensor, MicroBatch], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+
+
+class Engine:
+    """Model chunks of one role on this rank, with (optionally) DDP, optimizer and LR scheduler."""
+
+    def __init__(self, chunks: list[torch.nn.Module], layout: ParallelLayout, optim: Optional[OptimConfig] = None,
+                 use_distributed_optimizer: bool = False, total_training_steps: Optional[int] = None,
+                 ddp_overrides: Optional[dict[str, Any]] = None) -> None:
+        self.layout = layout
+        self.config = unwrap(chunks[0]).config
+        self.optimizer = self.scheduler = None
+        self.optim = optim
+        self.optimizer_steps = 0  # applied updates (restored from checkpoints: see checkpoint.py)
+        if optim is None:
+            for c in chunks:
+                c.requires_grad_(False)
+            self.chunks = chunks
+            return
+        self.chunks = wrap_ddp(chunks, use_distributed_optimizer, ddp_overrides)
+        self.optimizer = build_optimizer(self.chunks, optim, self.config, use_distributed_optimizer)
+        self.scheduler = build_scheduler(self.optimizer, optim, total_training_steps)
+        self.config.no_sync_func = [c.no_sync for c in self.chunks] if len(self.chunks) > 1 else self.chunks[0].no_sync
+        self.config.finalize_model_grads_func = _finalize
+        self.config.grad_scale_func = self.optimizer.scale_loss
+
+    # ---------------------------------------------------------------------------------- schedules
+    def run(self, micro_batches: list[MicroBatch], loss_fn: LossFn, forward_only: bool) -> list[dict[str, torch.Tensor]]:
+        """Forward (and backward) over all micro-batches with megatron's schedule (1F1B under PP).
+
+        Returns the loss_fn metrics per micro-batch on the last pipeline stage, [] elsewhere.
+        """
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        def step(data_iterator, model):
+            mb = next(data_iterator)
+            out = model(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=None)
+            return out, functools.partial(_loss, mb)
+
+        def _loss(mb, out):
+            loss, metrics = loss_fn(out, mb)
+            return loss, torch.ones((), dtype=torch.int, device=loss.device), metrics
+
+        iters = [iter(micro_batches) for _ in self.chunks]
+        for c in self.chunks:
+            c.train(not forward_only)
+        ctx = torch.no_grad() if forward_only else _nullcontext()
+        with ctx:
+            return get_forward_backward_func()(
+                forward_step_func=step,
+                data_iterator=iters if len(iters) > 1 else iters[0],
+                model=self.chunks,
+                num_microbatches=len(micro_batches),
+                seq_length=max(mb.input_ids.shape[1] for mb in micro_batches),
+                micro_batch_size=max(mb.input_ids.shape[0] for mb in micro_batches),
+                forward_only=forward_only,
+            )
+
+    def train_step(self, micro_batches: list[MicroBatch], loss_fn: LossFn) -> tuple[list[dict], float, bool]:
+        """One optimizer step over `micro_batches`: (per-micro-batch metrics, grad norm, applied?)."""
+        assert self.optimizer is not None, "train_step on a role built without an optimizer (reference)"
+        for c in self.chunks:
+            c.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        metrics = self.run(micro_batches, loss_fn, forward_only=False)
+        grad_norm, applied = optimizer_step(self.optimizer, self.optim.clip_grad)
+        self.optimizer_steps += int(applied)
+        return metrics, grad_norm, applied
+
+    def lr(self) -> float:
+        groups = self.optimizer.param_groups if self.optimizer is not None else []
+        return float(groups[0]["lr"]) if groups else 0.0
+
+    def module(self, i: int = 0) -> torch.nn.Module:
+        return unwrap(self.chunks[i])
+
+
+class _nullcontext:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _finalize(model, num_tokens=None, pg_collection=None, force_all_reduce=False):
+    """megatron's grad finalisation (dp reduce, tied-embedding and layernorm syncs) without 1/num_tokens."""
+    from megatron.core.distributed import finalize_model_grads
+
+    finalize_model_grads(model, None, pg_collection=pg_collection, force_all_reduce=force_all_reduce)
+
+
+# ---------------------------------------------------------------------------------- optimizer
+def build_optimizer(chunks: list[torch.nn.Module], optim: OptimConfig, model_config: Any,
+                    use_distributed_optimizer: bool) -> Any:
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    kwargs = dict(
+        optimizer=optim.optimizer,
+        lr=optim.lr,
+        min_lr=optim.min_lr,
+        weight_decay=optim.weight_decay,
+        adam_beta1=optim.betas[0],
+        adam_beta2=optim.betas[1],
+        clip_grad=optim.clip_grad,
+        bf16=model_config.bf16,
+        fp16=model_config.fp16,
+        params_dtype=model_config.params_dtype,
+        use_distributed_optimizer=use_distributed_optimizer,
+    )
+    kwargs.update(optim.override_optimizer_config)
+    return get_megatron_optimizer(OptimizerConfig(**kwargs), chunks)
+
+
+def build_scheduler(optimizer: Any, optim: OptimConfig, total_training_steps: Optional[int]) -> Any:
+    """megatron's OptimizerParamScheduler, counted in training steps (one per update call, as verl)."""
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    total = total_training_steps if total_training_steps and total_training_steps > 0 else optim.total_training_steps
+    warmup = optim.lr_warmup_steps
+    if warmup is None or warmup < 0:
+        warmup = int(optim.lr_warmup_steps_ratio * total) if total > 0 else 0
+    if total <= 0 and optim.lr_decay_style != "constant":
+        raise ValueError(f"optim.lr_decay_style={optim.lr_decay_style!r} needs the number of training steps: set "
+                         "optim.total_training_steps (or pass total_training_steps)")
+    decay = optim.lr_decay_steps or (total if total > 0 else warmup + 1)
+    decay = max(decay, warmup + 1)
+    return OptimizerParamScheduler(
+        optimizer, init_lr=optim.lr_warmup_init, max_lr=optim.lr, min_lr=optim.min_lr,
+        lr_warmup_steps=warmup, lr_decay_steps=decay, lr_decay_style=optim.lr_decay_style,
+        start_wd=optim.weight_decay, end_wd=optim.weight_decay, wd_incr_steps=decay,
+        wd_incr_style=optim.weight_decay_incr_style,
+        use_checkpoint_opt_param_scheduler=optim.use_checkpoint_opt_param_scheduler,
+        override_opt_param_scheduler=not optim.use_checkpoint_opt_param_scheduler,
+        wsd_decay_steps=optim.lr_wsd_decay_steps, lr_wsd_decay_style=optim.lr_wsd_decay_style,
+    )
+
+
+@torch.no_grad()
+def optimizer_step(optimizer: Any, clip_grad: float) -> tuple[float, bool]:
+    """megatron's ChainedOptimizer.step, but the grad norm is always computed (also with clip_grad=0)
+    and a non-finite norm skips the update instead of writing NaN into the weights."""
+    from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
+
+    found_inf = optimizer.prepare_grads()
+    grad_norm = float(optimizer.get_grad_norm())
+    if found_inf or not math.isfinite(grad_norm):
+        return grad_norm, False
+    if clip_grad > 0:
+        for opt in optimizer.chained_optimizers:
+            params = opt.get_parameters()
+            if getattr(opt, "is_stub_optimizer", False) or not params:
+                continue
+            clip_grad_by_total_norm_fp32(params, max_norm=clip_grad, total_norm=grad_norm,
+                                         use_decoupled_grad=opt.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8)
+    return grad_norm, bool(optimizer.step_with_ready_grads())
+
+
+# ---------------------------------------------------------------------------------- collectives
+def sum_over_dp(values: Iterable[float]) -> list[float]:
+    """All-reduce (sum) a few floats over the data-parallel group (float64 for exact-ish sums)."""
+    from megatron.core import parallel_state as ps
+
+    from . import compat
+
+    t = torch.tensor(list(values), dtype=torch.float64, device=compat.device())
+    if ps.get_data_parallel_world_size() > 1:
+        dist.all_reduce(t, group=ps.get_data_parallel_group())
+    return t.tolist()
+
+
+def broadcast_from_last_stage(t: Optional[torch.Tensor], shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A tensor computed on the last pipeline stage, on every stage (others pass None)."""
+    from megatron.core import parallel_state as ps
+
+    from . import compat
+
+    if ps.get_pipeline_model_parallel_world_size() == 1:
+        return t
+    buf = t.to(compat.device(), dtype).contiguous() if t is not None else torch.empty(shape, dtype=dtype, device=compat.device())
+    dist.broadcast(buf, src=ps.get_pipeline_model_parallel_last_rank(), group=ps.get_pipeline_model_parallel_group())
+    return buf

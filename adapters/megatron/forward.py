@@ -1,0 +1,133 @@
+"""Batches in verl's padded layout -> megatron micro-batches -> per-response-token outputs.
+
+Why re-align: verl batches are left-padded prompts + right-padded responses with HF position_ids,
+but megatron's RoPE (local and TE specs) uses positions 0..s-1 and a plain causal mask. Moving each
+row's contiguous valid tokens to the front makes RoPE positions equal HF's position_ids and keeps
+padding after every real token, where a causal mask never lets real tokens see it; rows are then
+trimmed to the longest one in the micro-batch. Exact for any contiguous attention_mask (checked).
+
+Log-probs and entropy are computed vocab-parallel: each tp rank holds logits [.., V/tp]; reductions
+(max, sum of exp, sum of p*z) are all-reduced over the tp group, so full logits are never gathered.
+Padded vocab entries (rows added for tp divisibility) are masked to -inf before any softmax.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from . import compat
+
+
+@dataclass
+class MicroBatch:
+    """One micro-batch, re-aligned. Shapes: b rows, L packed length, R response length."""
+
+    input_ids: torch.Tensor  # [b, L] valid tokens first, then 0
+    position_ids: torch.Tensor  # [b, L] 0..L-1
+    resp_index: torch.Tensor  # [b, R] packed position whose output predicts response token j
+    resp_valid: torch.Tensor  # [b, R] bool: response token j is inside the attention mask
+    responses: torch.Tensor  # [b, R] response token ids (labels)
+    extras: dict[str, torch.Tensor]  # per-row training inputs ([b, R]: old_log_probs, advantages, ...)
+    rows: torch.Tensor  # [b] indices of these rows in the caller's batch
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.numel())
+
+
+def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, responses: torch.Tensor,
+         rows: torch.Tensor, extras: Optional[dict[str, torch.Tensor]] = None, multiple: int = 1) -> MicroBatch:
+    """Re-align a [b, T] left/right-padded batch whose last R columns are the response."""
+    b, T = input_ids.shape
+    R = responses.shape[1]
+    mask = attention_mask.bool()
+    lengths = mask.sum(1)
+    start = torch.where(lengths > 0, mask.float().argmax(1), torch.zeros_like(lengths))
+    ar = torch.arange(T, device=mask.device)
+    contiguous = (mask == ((ar >= start[:, None]) & (ar < (start + lengths)[:, None]))).all(1)
+    if not bool(contiguous.all()):
+        bad = torch.nonzero(~contiguous).flatten().tolist()
+        raise ValueError(f"attention_mask rows {bad} have holes; the megatron adapter needs one contiguous run of "
+                         "1s per row (left-padded prompt + response)")
+    L = max(int(lengths.max()), 1)
+    L = -(-L // multiple) * multiple
+    pos = torch.arange(L, device=mask.device)
+    src = (start[:, None] + pos[None]).clamp(max=T - 1)
+    packed = torch.where(pos[None] < lengths[:, None], input_ids.gather(1, src), torch.zeros_like(src))
+    j = torch.arange(R, device=mask.device)
+    resp_pos = (T - R) + j[None] - start[:, None]  # packed position of response token j
+    valid = (resp_pos >= 1) & (resp_pos < lengths[:, None])
+    dev = compat.device()
+    return MicroBatch(
+        input_ids=packed.to(dev),
+        position_ids=pos[None].expand(b, L).contiguous().to(dev),
+        resp_index=(resp_pos - 1).clamp(0, L - 1).to(dev),
+        resp_valid=valid.to(dev),
+        responses=responses.to(dev),
+        extras={k: v.to(dev) for k, v in (extras or {}).items()},
+        rows=rows,
+    )
+
+
+def gather_response(out: torch.Tensor, mb: MicroBatch) -> torch.Tensor:
+    """[b, L, X] model outputs at the positions predicting each response token -> [b, R, X]."""
+    idx = mb.resp_index[..., None].expand(-1, -1, out.shape[-1])
+    return out.gather(1, idx)
+
+
+# ------------------------------------------------------------------------------------------ vocab-parallel
+def mask_vocab_padding(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """-inf on this tp rank's padded vocab columns (only the last ranks have any)."""
+    from megatron.core import parallel_state as ps
+
+    local = logits.shape[-1]
+    start = ps.get_tensor_model_parallel_rank() * local
+    real = max(0, min(local, vocab_size - start))
+    if real == local:
+        return logits
+    keep = torch.arange(local, device=logits.device) < real
+    return logits.masked_fill(~keep, float("-inf"))
+
+
+def vocab_parallel_entropy(z: torch.Tensor) -> torch.Tensor:
+    """Entropy of softmax(z) over the full vocab from tp-sharded z [.., V/tp] (differentiable).
+
+    H = log S - (sum_v e_v (z_v - m)) / S with e = exp(z - m), S = sum_v e_v, m the global max (a
+    constant: H does not depend on it). Sums are all-reduced with megatron's identity-backward
+    reduction, the right gradient because every tp rank holds the same replicated loss.
+    """
+    from megatron.core import parallel_state as ps
+    from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
+
+    m = z.detach().max(dim=-1, keepdim=True).values
+    torch.distributed.all_reduce(m, op=torch.distributed.ReduceOp.MAX, group=ps.get_tensor_model_parallel_group())
+    shifted = z - m
+    e = torch.exp(shifted)
+    finite = torch.where(torch.isinf(shifted), torch.zeros_like(shifted), shifted)  # 0 * -inf would be nan
+    s = reduce_from_tensor_model_parallel_region(e.sum(-1))
+    ez = reduce_from_tensor_model_parallel_region((e * finite).sum(-1))
+    return torch.log(s) - ez / s
+
+
+def response_log_probs(logits: torch.Tensor, mb: MicroBatch, vocab_size: int, temperature: float,
+                       with_entropy: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Log-probs [b, R] of the response tokens (and entropy [b, R]) at `temperature`, vocab-parallel.
+
+    logits: this tp rank's [b, L, V/tp]. Outputs are 0 at positions outside the attention mask.
+    """
+    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+
+    z = gather_response(logits, mb).float()
+    if temperature != 1.0:
+        z = z / temperature  # exactly what the rollout samples from: softmax(logits / T)
+    z = mask_vocab_padding(z, vocab_size)
+    entropy = vocab_parallel_entropy(z) if with_entropy else None
+    # megatron's cross entropy subtracts the max from its input in place: hand it its own copy.
+    logp = -vocab_parallel_cross_entropy(z.clone() if with_entropy else z, mb.responses)
+    valid = mb.resp_valid
+    logp = torch.where(valid, logp, torch.zeros_like(logp))
+    if entropy is not None:
+        entropy = torch.where(valid, entropy, torch.zeros_like(entropy))
+    return logp, entropy

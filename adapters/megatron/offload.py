@@ -1,0 +1,136 @@
+"""Moving a role's params / grads / optimizer state to pinned CPU memory and back (GPU only).
+
+Works at the level of tensor STORAGES: a storage is copied to a pinned host buffer and resized to 0
+bytes, then resized back and refilled on onload. Every tensor, view and buffer that megatron holds
+(DDP's contiguous param/grad buffers, the distributed optimizer's shards, Float16Module params)
+stays the same Python object, so nothing has to be re-wired after onload.
+Gradients are not copied: they are zeroed at the start of every update, so their memory is only
+released on offload and re-zeroed on onload (reported as bytes released).
+On CPU the state already lives in host memory: both calls are no-ops reporting 0 bytes.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import torch
+
+from hybridrl.adapters.base import OffloadReport
+
+from . import compat
+
+
+@dataclass
+class State:
+    """Offloaded storages of one role, by kind, and the pinned buffers kept for reuse."""
+
+    offloaded: dict[str, dict[int, tuple[Any, int]]] = field(default_factory=lambda: {"params": {}, "grads": {}, "optimizer": {}})
+    pinned: dict[int, torch.Tensor] = field(default_factory=dict)
+
+
+def offload(engine: Any, state: State, params: bool, grads: bool, optimizer: bool) -> OffloadReport:
+    return _move(engine, state, params, grads, optimizer, to_host=True)
+
+
+def onload(engine: Any, state: State, params: bool, grads: bool, optimizer: bool) -> OffloadReport:
+    return _move(engine, state, params, grads, optimizer, to_host=False)
+
+
+def _move(engine: Any, state: State, params: bool, grads: bool, optimizer: bool, to_host: bool) -> OffloadReport:
+    if not compat.cuda_in_use():
+        return OffloadReport()
+    start = time.perf_counter()
+    compat.synchronize()
+    moved = {}
+    for kind, wanted, tensors in (("params", params, lambda: _param_tensors(engine)),
+                                  ("grads", grads, lambda: _grad_tensors(engine)),
+                                  ("optimizer", optimizer, lambda: _optimizer_tensors(engine))):
+        if not wanted:
+            moved[kind] = 0
+        elif to_host:
+            moved[kind] = _offload_storages(tensors(), state, kind, keep=kind != "grads")
+        else:
+            moved[kind] = _onload_storages(state, kind, keep=kind != "grads")
+    compat.synchronize()
+    if to_host:
+        compat.empty_cache()
+    return OffloadReport(params_bytes=moved["params"], grads_bytes=moved["grads"],
+                         optimizer_bytes=moved["optimizer"], seconds=time.perf_counter() - start)
+
+
+def _unique_storages(tensors: Iterable[torch.Tensor], skip: set[int]) -> dict[int, Any]:
+    out = {}
+    for t in tensors:
+        if t is None or t.device.type != "cuda":
+            continue
+        s = t.untyped_storage()
+        key = s.data_ptr()
+        if s.nbytes() > 0 and key not in skip:
+            out[key] = s
+    return out
+
+
+def _offload_storages(tensors: Iterable[torch.Tensor], state: State, kind: str, keep: bool) -> int:
+    taken = {k for d in state.offloaded.values() for k in d}
+    total = 0
+    for key, storage in _unique_storages(tensors, taken).items():
+        nbytes = storage.nbytes()
+        if keep:
+            host = state.pinned.get(key)
+            if host is None or host.numel() != nbytes:
+                host = state.pinned[key] = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+            host.copy_(_bytes_view(storage), non_blocking=True)
+        compat.synchronize()
+        storage.resize_(0)
+        state.offloaded[kind][key] = (storage, nbytes)
+        total += nbytes
+    return total
+
+
+def _onload_storages(state: State, kind: str, keep: bool) -> int:
+    total = 0
+    for key, (storage, nbytes) in list(state.offloaded[kind].items()):
+        storage.resize_(nbytes)
+        view = _bytes_view(storage)
+        if keep:
+            view.copy_(state.pinned[key], non_blocking=True)
+        else:
+            view.zero_()
+        del state.offloaded[kind][key]
+        total += nbytes
+    return total
+
+
+def _bytes_view(storage: Any) -> torch.Tensor:
+    return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+
+
+def _param_tensors(engine: Any) -> list[torch.Tensor]:
+    return [p.data for c in engine.chunks for p in c.parameters()]
+
+
+def _grad_tensors(engine: Any) -> list[torch.Tensor]:
+    out = []
+    for c in engine.chunks:
+        for buf in getattr(c, "buffers", []) + getattr(c, "expert_parallel_buffers", []):
+            if buf.grad_data is not None:
+                out.append(buf.grad_data)
+    return out
+
+
+def _optimizer_tensors(engine: Any) -> list[torch.Tensor]:
+    """Optimizer state and fp32 main params (model params themselves are excluded by storage)."""
+    if engine.optimizer is None:
+        return []
+    model = {p.data.untyped_storage().data_ptr() for p in _param_tensors(engine)}
+    out = []
+    for opt in getattr(engine.optimizer, "chained_optimizers", [engine.optimizer]):
+        inner = getattr(opt, "optimizer", None)
+        if inner is None:
+            continue
+        for group in inner.param_groups:
+            out += [p.data for p in group["params"] if p.data.untyped_storage().data_ptr() not in model]
+        for st in inner.state.values():
+            out += [v for v in st.values() if isinstance(v, torch.Tensor)]
+    return out

@@ -1,0 +1,113 @@
+"""What actor, reference and critic share: build from the HF folder, engine, weights, memory, checkpoints."""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+from typing import Any, Iterator, Optional
+
+import torch
+
+from hybridrl.adapters.base import DispatchInfo, OffloadReport, WeightBucket
+from hybridrl.config.schema.common import MegatronConfig, OptimConfig
+from hybridrl.config.validate import ParallelLayout
+
+from . import checkpoint, offload, parallel
+from .builder import build_model
+from .engine import Engine, broadcast_from_last_stage, sum_over_dp
+from .hf_config import arch_from_hf, load_hf_config
+from .weights import export_hf_weights, load_hf_weights
+
+log = logging.getLogger(__name__)
+
+
+class MegatronRole:
+    """One model of one role on this rank. Every public method is collective over the role's ranks."""
+
+    role = "model"
+
+    def __init__(self, hf_path: str, megatron: MegatronConfig, layout: ParallelLayout, *,
+                 optim: Optional[OptimConfig], value_head: bool = False, override_config: Optional[dict] = None,
+                 recompute: bool = False, load_weight: bool = True, total_training_steps: Optional[int] = None) -> None:
+        if optim is not None and layout.vpp:
+            raise ValueError(f"{self.role}: virtual_pipeline_model_parallel_size={layout.vpp} works for forward passes "
+                             "(log-probs, values) but training with megatron's interleaved schedule is not validated "
+                             "in this build (on gloo it mixes up p2p messages); unset "
+                             "*.megatron.virtual_pipeline_model_parallel_size")
+        parallel.init_megatron(layout, seed=megatron.seed)
+        self.hf_path = hf_path
+        self.hf_config = _with_overrides(load_hf_config(hf_path), override_config or {})
+        self.arch = dataclasses.replace(arch_from_hf(self.hf_config), source=str(hf_path))
+        self.layout = layout
+        self.megatron = megatron
+        self.value_head = value_head
+        overrides = {"calculate_per_token_loss": True, **megatron.override_transformer_config}
+        chunks = build_model(self.arch, layout, value_head=value_head, seed=megatron.seed,
+                             init_std=getattr(self.hf_config, "initializer_range", 0.02), recompute=recompute,
+                             overrides=overrides)
+        if load_weight:
+            load_hf_weights(chunks, hf_path, self.arch, layout, value_head=value_head)
+        self.engine = Engine(chunks, layout, optim, megatron.use_distributed_optimizer and optim is not None,
+                             total_training_steps, megatron.override_ddp_config)
+        self.updates = 0  # update calls so far (the LR scheduler counts the same steps)
+        self._offloaded = offload.State()
+
+    # ---------------------------------------------------------------------------------- interface
+    def dispatch_info(self) -> DispatchInfo:
+        return parallel.dispatch_info()
+
+    def export_weights(self, bucket_bytes: int) -> Iterator[WeightBucket]:
+        """Full HF-named tensors in buckets (collective); parameters must be on the device (onload first)."""
+        return export_hf_weights(self.engine.chunks, self.arch, self.layout, bucket_bytes, value_head=self.value_head)
+
+    def offload(self, params: bool, grads: bool, optimizer: bool) -> OffloadReport:
+        return offload.offload(self.engine, self._offloaded, params, grads, optimizer)
+
+    def onload(self, params: bool, grads: bool, optimizer: bool) -> OffloadReport:
+        return offload.onload(self.engine, self._offloaded, params, grads, optimizer)
+
+    def save_checkpoint(self, path: str) -> None:
+        checkpoint.save(path, self)
+
+    def load_checkpoint(self, path: str) -> None:
+        checkpoint.load(path, self)
+
+    # ---------------------------------------------------------------------------------- helpers
+    def _shuffle_seed(self, epoch: int) -> Optional[int]:
+        """Per-update, per-epoch shuffle seed (None: keep order); the same on every rank."""
+        if not getattr(self.cfg, "shuffle", False):
+            return None
+        seed = self.cfg.data_loader_seed
+        base = seed if seed is not None else self.megatron.seed
+        return base * 1_000_003 + self.updates * 1_009 + epoch
+
+    def _mb_multiple(self) -> int:
+        """The interleaved pipeline schedule needs a multiple of pp micro-batches."""
+        return self.layout.pp if self.layout.vpp else 1
+
+    def _rank_metrics(self, per_micro: list[dict[str, torch.Tensor]], names: list[str]) -> list[float]:
+        """Sum weighted per-micro-batch metrics on the last stage, then over dp; same values on every rank."""
+        local = None
+        if per_micro:
+            local = torch.tensor([sum(float(m[n]) for m in per_micro if n in m) for n in names], dtype=torch.float64)
+        local = broadcast_from_last_stage(local, (len(names),), torch.float64)
+        return sum_over_dp(local.tolist())
+
+    def _gather_rows(self, per_micro: list[dict[str, torch.Tensor]], micro_batches, key: str,
+                     shape: tuple[int, int]) -> torch.Tensor:
+        """Reassemble a per-row output [B, R] from micro-batch results, on every pipeline stage."""
+        out = None
+        if per_micro:
+            out = torch.zeros(shape, dtype=torch.float32)
+            for mb, m in zip(micro_batches, per_micro):
+                out[mb.rows] = m[key].detach().float().cpu()
+        return broadcast_from_last_stage(out, shape, torch.float32).cpu()
+
+
+def _with_overrides(hf_config: Any, overrides: dict) -> Any:
+    if not overrides:
+        return hf_config
+    cfg = copy.deepcopy(hf_config)
+    for k, v in overrides.items():
+        setattr(cfg, k, v)
+    return cfg

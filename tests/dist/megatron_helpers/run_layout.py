@@ -1,0 +1,236 @@
+"""One torchrun launch = one megatron layout; runs every check of that layout and writes JSON per rank.
+
+    python -m torch.distributed.run --nproc_per_node=N --standalone run_layout.py \
+        --models DIR --out DIR --tp T --pp P [--vpp V] --tasks parity,export,ppo [--save-ckpt DIR] [--resume-ckpt DIR]
+
+Batching many checks into one launch keeps the CPU suite fast (start-up is ~5-11 s per launch).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
+
+import tiny  # noqa: E402
+
+from hybridrl.adapters.megatron import parallel  # noqa: E402
+from hybridrl.config.schema.actor import ActorConfig, ModelConfig, RefConfig  # noqa: E402
+from hybridrl.config.schema.common import MegatronConfig, OptimConfig  # noqa: E402
+from hybridrl.config.schema.critic import CriticConfig, CriticModelConfig  # noqa: E402
+from hybridrl.config.validate import BatchPlan  # noqa: E402
+from hybridrl.protocol import DataProto  # noqa: E402
+
+N_SAMPLES = 12  # global batch of the PPO checks
+MINI = 6  # global samples per optimizer step -> 2 optimizer steps per update
+
+
+def megatron_cfg(args, distributed_optimizer: bool) -> MegatronConfig:
+    return MegatronConfig(tensor_model_parallel_size=args.tp, pipeline_model_parallel_size=args.pp,
+                          virtual_pipeline_model_parallel_size=args.vpp, sequence_parallel=False,
+                          use_distributed_optimizer=distributed_optimizer, seed=7)
+
+
+def dp_slice(batch: dict, layout) -> dict:
+    """This dp rank's rows, arranged so that its k-th local mini-batch is its share of the 1-process
+    run's k-th mini-batch (each rank splits its own rows into mini-batches, as verl's workers do)."""
+    info = parallel.dispatch_info()
+    per_dp = MINI // info.dp_size
+    rows = [k * MINI + info.dp_rank * per_dp + i for k in range(N_SAMPLES // MINI) for i in range(per_dp)]
+    return {k: v[rows] for k, v in batch.items()}
+
+
+# ------------------------------------------------------------------------------------------ parity
+def check_parity(args, layout, name: str) -> dict:
+    """Log-probs, entropy and raw logits vs the transformers references saved by the test (refs.pt)."""
+    from megatron.core import parallel_state as ps
+
+    from hybridrl.adapters.megatron.actor import MegatronActor
+    from hybridrl.adapters.megatron.batching import micro_batches
+    from hybridrl.adapters.megatron.forward import gather_response
+
+    path = os.path.join(args.models, name)
+    ref = torch.load(os.path.join(path, "refs.pt"))
+    batch, temperature = ref["batch"], ref["temperature"]
+    ref_cfg = RefConfig(megatron=megatron_cfg(args, False), log_prob_micro_batch_size_per_gpu=3,
+                        log_prob_use_dynamic_bsz=False, log_prob_max_token_len_per_gpu=4096)
+    actor = MegatronActor.reference(ModelConfig(path=path), ref_cfg, layout, micro_batch=3)
+    out = actor.compute_log_prob(DataProto.from_dict(batch, meta_info={"temperature": temperature}),
+                                 calculate_entropy=True)
+    mask = batch["response_mask"].bool()
+    res = {
+        "logp_max_diff": float((out.batch["log_probs"] - ref["log_probs"])[mask].abs().max()),
+        "entropy_max_diff": float((out.batch["entropys"] - ref["entropy"])[mask].abs().max()),
+    }
+    # Raw logits at the response positions, gathered over tp here (the test only; the adapter never does).
+    mbs = micro_batches(DataProto.from_dict(batch), [], 3, None, actor._mb_multiple())
+    diffs = []
+
+    def loss_fn(logits, mb):
+        local = gather_response(logits, mb)
+        parts = [torch.empty_like(local) for _ in range(args.tp)]
+        dist.all_gather(parts, local.contiguous(), group=ps.get_tensor_model_parallel_group())
+        full = torch.cat(parts, -1)[..., : tiny.VOCAB]
+        m = batch["response_mask"][mb.rows].bool()
+        diffs.append(float((full - ref["logits"][mb.rows])[m].abs().max()))
+        return logits.new_zeros(()), {}
+
+    actor.engine.run(mbs, loss_fn, forward_only=True)
+    if diffs:
+        res["logits_max_diff"] = max(diffs)
+    res["export_mismatches"] = check_export(actor, path)
+    return res
+
+
+def check_export(role, path: str) -> list[str]:
+    from safetensors.torch import load_file
+
+    want = load_file(os.path.join(path, "model.safetensors"))
+    if role.arch.tie_embeddings:
+        want.pop("lm_head.weight", None)
+    seen, bad = set(), []
+    for bucket in role.export_weights(bucket_bytes=64 << 10):
+        for name, t in bucket:
+            seen.add(name)
+            if name not in want or not torch.equal(t.cpu(), want[name]):
+                bad.append(name)
+    bad += [f"missing {n}" for n in sorted(set(want) - seen)]
+    return bad
+
+
+# ------------------------------------------------------------------------------------------ ppo
+def actor_cfgs(args, micro: int, dynamic: bool, distributed_optimizer: bool):
+    optim = OptimConfig(lr=1e-3, weight_decay=0.01, clip_grad=1.0, lr_warmup_steps=1, total_training_steps=10,
+                        lr_decay_style="cosine", min_lr=1e-4)
+    actor = ActorConfig(ppo_mini_batch_size=MINI, ppo_micro_batch_size_per_gpu=micro, use_dynamic_bsz=dynamic,
+                        ppo_max_token_len_per_gpu=40, use_kl_loss=True, kl_loss_coef=0.1, kl_loss_type="low_var_kl",
+                        entropy_coeff=0.01, loss_agg_mode="token-mean", optim=optim,
+                        megatron=megatron_cfg(args, distributed_optimizer), data_loader_seed=3, shuffle=False)
+    return actor
+
+
+def batch_plan(layout, micro: int, dynamic: bool, max_tokens: int = 40) -> BatchPlan:
+    per_dp = MINI // layout.dp
+    return BatchPlan(samples_per_step=N_SAMPLES, mini_batch_samples=MINI, mini_batches_per_epoch=N_SAMPLES // MINI,
+                     ppo_epochs=1, mini_batch_per_dp=per_dp, micro_batch_per_gpu=None if dynamic else micro,
+                     grad_accum=None if dynamic else per_dp // micro, use_dynamic_bsz=dynamic,
+                     max_token_len_per_gpu=max_tokens, forward_micro_batch_per_gpu=micro,
+                     forward_max_token_len_per_gpu=max_tokens)
+
+
+def ppo_data(layout) -> DataProto:
+    batch = tiny.make_batch(N_SAMPLES, seed=5)
+    batch.update(tiny.ppo_inputs(batch))
+    return DataProto.from_dict(dp_slice(batch, layout), meta_info={"temperature": 0.9})
+
+
+def run_ppo(args, layout) -> dict:
+    """Two PPO updates of actor and critic per optimizer kind; with --resume-ckpt also update 2 resumed
+    from the 1-process run's checkpoint (saved after update 1), i.e. resumed in another layout."""
+    from hybridrl.adapters.megatron.actor import MegatronActor
+    from hybridrl.adapters.megatron.critic import MegatronCritic
+
+    micro, dynamic = args.micro, args.dynamic
+    results = {}
+    data = ppo_data(layout)
+    model = ModelConfig(path=os.path.join(args.models, "qwen2"))
+    plan = batch_plan(layout, micro, dynamic, args.max_tokens)
+    for do in args.dist_opt:
+        t0 = time.time()
+        actor = MegatronActor(model, actor_cfgs(args, micro, dynamic, do == 1), layout, plan)
+        steps = [actor.update_policy(data)]
+        if args.save_ckpt:
+            actor.save_checkpoint(os.path.join(args.save_ckpt, f"actor_do{do}"))
+        steps.append(actor.update_policy(data))
+        results[f"actor_do{do}"] = steps
+        if args.resume_ckpt:
+            resumed = MegatronActor(model, actor_cfgs(args, micro, dynamic, do == 1), layout, plan)
+            resumed.load_checkpoint(os.path.join(args.resume_ckpt, f"actor_do{do}"))
+            results[f"actor_resumed_do{do}"] = resumed.update_policy(data)
+        critic = MegatronCritic(critic_cfg(args, micro, dynamic, do == 1), layout, plan)
+        results[f"critic_values_do{do}"] = critic.compute_values(data).batch["values"].tolist()
+        results[f"critic_do{do}"] = [critic.update_critic(data), critic.update_critic(data)]
+        results[f"seconds_do{do}"] = time.time() - t0
+    return results
+
+
+def critic_cfg(args, micro: int, dynamic: bool, distributed_optimizer: bool) -> CriticConfig:
+    optim = OptimConfig(lr=2e-3, weight_decay=0.0, clip_grad=0.5, lr_warmup_steps=0, total_training_steps=10)
+    return CriticConfig(rollout_n=1, optim=optim, megatron=megatron_cfg(args, distributed_optimizer),
+                        model=CriticModelConfig(path=os.path.join(args.models, "llama"), tokenizer_path="",
+                                                external_lib=None, trust_remote_code=False),
+                        ppo_mini_batch_size=MINI, ppo_micro_batch_size_per_gpu=micro, use_dynamic_bsz=dynamic,
+                        forward_max_token_len_per_gpu=40, ppo_epochs=1, shuffle=False,
+                        loss_agg_mode="seq-mean-token-mean", data_loader_seed=None)
+
+
+def run_resume_same_layout(args, layout) -> dict:
+    """Uninterrupted update 1, 2 vs (update 1, save, fresh actor, load, update 2) in this layout."""
+    from hybridrl.adapters.megatron.actor import MegatronActor
+
+    data = ppo_data(layout)
+    model = ModelConfig(path=os.path.join(args.models, "qwen2"))
+    do = args.dist_opt[-1] == 1
+    ckpt = os.path.join(args.out, "same_layout_ckpt")
+    plan = batch_plan(layout, args.micro, args.dynamic, args.max_tokens)
+    actor = MegatronActor(model, actor_cfgs(args, args.micro, args.dynamic, do), layout, plan)
+    first = actor.update_policy(data)
+    actor.save_checkpoint(ckpt)
+    second = actor.update_policy(data)
+    fresh = MegatronActor(model, actor_cfgs(args, args.micro, args.dynamic, do), layout, plan)
+    fresh.load_checkpoint(ckpt)
+    resumed = fresh.update_policy(data)
+    return {"first": first, "uninterrupted": second, "resumed": resumed}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--models", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--pp", type=int, default=1)
+    p.add_argument("--vpp", type=int, default=None)
+    p.add_argument("--tasks", default="parity,ppo")
+    p.add_argument("--parity-models", default="llama,qwen2,qwen3,mistral")
+    p.add_argument("--micro", type=int, default=1)
+    p.add_argument("--dynamic", action="store_true")
+    p.add_argument("--max-tokens", type=int, default=40)
+    p.add_argument("--dist-opt", default="0", help="comma list of 0/1: distributed optimizer off/on")
+    p.add_argument("--save-ckpt", default=None)
+    p.add_argument("--resume-ckpt", default=None)
+    args = p.parse_args()
+    args.dist_opt = [int(x) for x in args.dist_opt.split(",")]
+    parallel.ensure_process_group(timeout_s=300)
+    layout = parallel.layout_for(dist.get_world_size(), tp=args.tp, pp=args.pp, vpp=args.vpp)
+    parallel.init_megatron(layout, seed=7)
+    tasks = args.tasks.split(",")
+    info = parallel.dispatch_info()
+    out: dict = {"rank": dist.get_rank(), "dp_rank": info.dp_rank, "dp_size": info.dp_size, "timings": {}}
+    t0 = time.time()
+    if "parity" in tasks:
+        out["parity"] = {m: check_parity(args, layout, m) for m in args.parity_models.split(",")}
+        out["timings"]["parity"] = time.time() - t0
+    if "ppo" in tasks:
+        t1 = time.time()
+        out["ppo"] = run_ppo(args, layout)
+        out["timings"]["ppo"] = time.time() - t1
+    if "resume" in tasks:
+        t1 = time.time()
+        out["resume"] = run_resume_same_layout(args, layout)
+        out["timings"]["resume"] = time.time() - t1
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, f"rank{dist.get_rank()}.json"), "w") as f:
+        json.dump(out, f, indent=1)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+"""Tiny random HF models and deterministic verl-layout batches for the megatron tests (no hub access)."""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+VOCAB = 1001  # not divisible by tp: exercises vocab padding
+
+# name -> (config class name, kwargs): GQA everywhere, qkv bias (qwen2), tied and untied embeddings,
+# llama3 rope scaling, qk-norm (qwen3), a sliding window shorter than the test sequences (mistral).
+CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama": ("LlamaConfig", dict(tie_word_embeddings=False, rope_parameters={
+        "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 64})),
+    "qwen2": ("Qwen2Config", dict(tie_word_embeddings=True)),
+    "qwen3": ("Qwen3Config", dict(tie_word_embeddings=False, head_dim=24)),
+    "mistral": ("MistralConfig", dict(tie_word_embeddings=False, sliding_window=6)),
+}
+MODEL_CLASSES = {"LlamaConfig": "LlamaForCausalLM", "Qwen2Config": "Qwen2ForCausalLM",
+                 "Qwen3Config": "Qwen3ForCausalLM", "MistralConfig": "MistralForCausalLM"}
+
+
+def make_model(name: str, folder: str, seed: int = 0, num_layers: int = 4) -> str:
+    """Save a tiny random model `name` (float32) to folder/name; returns the path."""
+    import transformers
+
+    cfg_cls, extra = CONFIGS[name]
+    cfg = getattr(transformers, cfg_cls)(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=112, num_hidden_layers=num_layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6,
+        bos_token_id=1, eos_token_id=2, pad_token_id=0, **extra)
+    torch.manual_seed(seed)
+    model = getattr(transformers, MODEL_CLASSES[cfg_cls])(cfg).float().eval()
+    with torch.no_grad():  # random norms and biases so that their mapping matters
+        for n, p in model.named_parameters():
+            if "norm" in n or n.endswith(".bias"):
+                p.add_(torch.randn_like(p) * 0.1)
+    path = os.path.join(folder, name)
+    model.save_pretrained(path)
+    return path
+
+
+def load_hf(path: str) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def make_batch(n: int, prompt_len: int = 7, resp_len: int = 6, seed: int = 1) -> dict[str, torch.Tensor]:
+    """A verl batch: left-padded prompts of varying length + right-padded responses (with holes-free masks)."""
+    g = torch.Generator().manual_seed(seed)
+    T = prompt_len + resp_len
+    input_ids = torch.zeros(n, T, dtype=torch.long)
+    attention_mask = torch.zeros(n, T, dtype=torch.long)
+    response_mask = torch.zeros(n, resp_len, dtype=torch.float32)
+    for i in range(n):
+        p = int(torch.randint(2, prompt_len + 1, (1,), generator=g))
+        r = int(torch.randint(1, resp_len + 1, (1,), generator=g))
+        input_ids[i, prompt_len - p:prompt_len] = torch.randint(3, VOCAB, (p,), generator=g)
+        input_ids[i, prompt_len:prompt_len + r] = torch.randint(3, VOCAB, (r,), generator=g)
+        attention_mask[i, prompt_len - p:prompt_len + r] = 1
+        response_mask[i, :r] = 1
+    position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)
+    return {
+        "input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
+        "responses": input_ids[:, prompt_len:].clone(), "response_mask": response_mask,
+    }
+
+
+def ppo_inputs(batch: dict[str, torch.Tensor], seed: int = 2) -> dict[str, torch.Tensor]:
+    """Old/ref log-probs and advantages for a PPO update on `batch` (deterministic)."""
+    g = torch.Generator().manual_seed(seed)
+    shape = batch["responses"].shape
+    mask = batch["response_mask"]
+    return {
+        "old_log_probs": (-7.0 + 0.3 * torch.randn(shape, generator=g)) * mask,
+        "ref_log_prob": (-7.0 + 0.3 * torch.randn(shape, generator=g)) * mask,
+        "advantages": torch.randn(shape, generator=g) * mask,
+        "values": torch.randn(shape, generator=g) * mask,
+        "returns": torch.randn(shape, generator=g) * mask,
+    }
+
+
+@torch.no_grad()
+def hf_log_probs(model: Any, batch: dict[str, torch.Tensor], temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference (log-probs [B, R], logits at those positions [B, R, V]) from a transformers model."""
+    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                position_ids=batch["position_ids"]).logits.float()
+    R = batch["responses"].shape[1]
+    logits = out[:, -R - 1:-1] / temperature
+    logp = torch.log_softmax(logits, -1).gather(-1, batch["responses"][..., None]).squeeze(-1)
+    return logp * batch["response_mask"], logits
+
+
+PARITY_TEMPERATURE = 0.7
+
+
+def save_references(path: str) -> None:
+    """transformers log-probs, logits and entropy on the parity batch -> path/refs.pt (read by the workers)."""
+    batch = make_batch(8, prompt_len=9, resp_len=7, seed=11)
+    logp, logits = hf_log_probs(load_hf(path), batch, PARITY_TEMPERATURE)
+    entropy = torch.logsumexp(logits, -1) - (torch.softmax(logits, -1) * logits).sum(-1)
+    torch.save({"batch": batch, "temperature": PARITY_TEMPERATURE, "log_probs": logp,
+                "logits": logits * PARITY_TEMPERATURE, "entropy": entropy}, os.path.join(path, "refs.pt"))
