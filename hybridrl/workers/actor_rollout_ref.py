@@ -103,6 +103,8 @@ class ActorRolloutRefWorker(Worker):
         where = self.plan.placement(self.rank)
         sampling = sampling_from_config(self.run.cfg.actor_rollout_ref.rollout, validate, step=step,
                                         replica=where.replica)
+        if prompts.meta_info.get("greedy"):  # ReMax baselines: one greedy sample per prompt
+            sampling = sampling.with_(n=1, do_sample=False, temperature=0.0)
         self.sync_count += 1
         out, metrics = generate_sequences(self.sync, prompts, sampling, step=self.sync_count)
         out.meta_info.update(prompts.meta_info)

@@ -1,0 +1,104 @@
+"""Driver-side steps of a PPO/GRPO iteration that are plain tensor work on the gathered batch.
+
+Kept apart from the loop so each is one small function with a unit test: group ids, balancing rows
+over data-parallel ranks, rewards into the batch, KL in the reward, advantages, validation scores.
+"""
+from __future__ import annotations
+
+import math
+import uuid
+from collections import defaultdict
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from hybridrl.algos import AdvantageInputs, AdvantageParams, apply_kl_penalty, compute_advantage
+from hybridrl.protocol import DataProto
+
+
+def add_group_ids(prompts: DataProto) -> DataProto:
+    """A `uid` per prompt, shared by its n samples after generation (GRPO/RLOO groups)."""
+    uids = np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)
+    return prompts.union(DataProto.from_dict(non_tensors={"uid": uids}))
+
+
+def balance_order(token_counts: list[int], parts: int) -> list[int]:
+    """A row order that gives each of `parts` consecutive equal chunks a similar token total.
+
+    Greedy longest-first into the lightest chunk that still has room (chunks hold len/parts rows),
+    so every dp rank gets the same number of rows and nearly the same number of tokens.
+    """
+    n = len(token_counts)
+    if parts <= 1 or n % parts:
+        return list(range(n))
+    size = n // parts
+    bins: list[list[int]] = [[] for _ in range(parts)]
+    loads = [0] * parts
+    for i in sorted(range(n), key=lambda i: -token_counts[i]):
+        k = min((k for k in range(parts) if len(bins[k]) < size), key=lambda k: loads[k])
+        bins[k].append(i)
+        loads[k] += token_counts[i]
+    return [i for b in bins for i in sorted(b)]
+
+
+def balance_batch(batch: DataProto, dp_size: int) -> tuple[DataProto, dict[str, float]]:
+    tokens = batch.batch["attention_mask"].sum(-1).tolist()
+    order = balance_order(tokens, dp_size)
+    if dp_size > 1 and len(batch) % dp_size == 0:
+        per_rank = np.add.reduceat(np.asarray(tokens)[order], np.arange(0, len(batch), len(batch) // dp_size))
+        metrics = {"balance/max_over_mean_tokens": float(per_rank.max() / max(per_rank.mean(), 1))}
+    else:
+        metrics = {}
+    return batch.reorder(order), metrics
+
+
+def with_scores(batch: DataProto, reward_tensor: torch.Tensor, extra: dict[str, list]) -> DataProto:
+    """token_level_scores [B, R] (the score on each response's last token) plus per-sample extras."""
+    out = batch.union(DataProto.from_dict({"token_level_scores": reward_tensor.to(torch.float32)}))
+    for k, v in extra.items():
+        if len(v) == len(batch):
+            out.non_tensor_batch[f"reward_extra/{k}"] = np.asarray(v, dtype=object)
+    return out
+
+
+def rewards_with_kl(batch: DataProto, use_kl_in_reward: bool, controller: Any, kind: str) -> tuple[DataProto, dict]:
+    """token_level_rewards: the scores, minus beta * KL(actor || ref) per token when use_kl_in_reward."""
+    scores = batch.batch["token_level_scores"]
+    if not use_kl_in_reward:
+        return batch.union(DataProto.from_dict({"token_level_rewards": scores})), {}
+    rewards, metrics = apply_kl_penalty(scores, batch.batch["old_log_probs"], batch.batch["ref_log_prob"],
+                                        batch.batch["response_mask"], controller, kind)
+    return batch.union(DataProto.from_dict({"token_level_rewards": rewards})), metrics
+
+
+def advantages(batch: DataProto, estimator: str, params: AdvantageParams,
+               reward_baselines: Optional[torch.Tensor] = None) -> DataProto:
+    inputs = AdvantageInputs(
+        token_level_rewards=batch.batch["token_level_rewards"],
+        response_mask=batch.batch["response_mask"],
+        values=batch.batch.get("values"),
+        index=batch.non_tensor_batch.get("uid"),
+        reward_baselines=reward_baselines,
+    )
+    out = compute_advantage(estimator, inputs, params)
+    return batch.union(DataProto.from_dict({"advantages": out.advantages, "returns": out.returns}))
+
+
+def validation_metrics(sources: list[str], scores: list[float], n: int, lengths: list[int]) -> dict[str, float]:
+    """verl's val-core/{data_source}/reward/mean@n per source, plus val/score (all sources) and lengths."""
+    by_source: dict[str, list[float]] = defaultdict(list)
+    for s, x in zip(sources, scores):
+        by_source[str(s)].append(float(x))
+    metrics = {f"val-core/{s}/reward/mean@{n}": float(np.mean(v)) for s, v in sorted(by_source.items())}
+    metrics["val/score"] = float(np.mean(scores)) if scores else math.nan
+    metrics["val/response_length/mean"] = float(np.mean(lengths)) if lengths else math.nan
+    return metrics
+
+
+def first_nonfinite(metrics: dict[str, float], keys: tuple[str, ...]) -> Optional[str]:
+    for k in keys:
+        v = metrics.get(k)
+        if v is not None and not math.isfinite(float(v)):
+            return k
+    return None

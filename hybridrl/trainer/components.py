@@ -1,0 +1,260 @@
+"""Everything the PPO loop talks to, built once from the validated config.
+
+Data and rewards live on the driver; models live in the worker groups (Ray actors, or this process's
+rank under torchrun). With the local (torchrun) backend every rank runs the driver program: all ranks
+take the same decisions; only rank 0 writes logs, plots and the trainer state of checkpoints.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from typing import Any, Iterator, Optional
+
+import torch
+
+from hybridrl.algos import AdvantageParams, build_kl_controller
+from hybridrl.config import RunConfig
+from hybridrl.config.loader import to_dict
+from hybridrl.protocol import DataProto
+
+from .checkpoint_manager import CheckpointManager, TrainerState, find_resume_path, load_trainer_state, restore_rng_state
+from .metrics import compute_mfu, peak_flops_for
+from .progress import ProgressBar
+from .tracking import Tracker
+
+
+@dataclasses.dataclass
+class Components:
+    run: RunConfig
+    model_dir: str
+    tokenizer: Any
+    train_loader: Any
+    val_loader: Any
+    reward_fn: Any
+    val_reward_fn: Any
+    actor_group: Any
+    critic_group: Optional[Any]
+    tracker: Any
+    ckpt: CheckpointManager
+    progress: ProgressBar
+    kl_ctrl: Any
+    adv_params: AdvantageParams
+    total_steps: int
+    hf_config: dict
+    is_rank0: bool
+    backend: str
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def build(cls, run: RunConfig) -> "Components":
+        from hybridrl.data.factory import create_rl_dataset
+        from hybridrl.data.loader import make_prompt_loader
+        from hybridrl.reward import load_reward_fn
+        from hybridrl.utils.hf_model import materialize_hf_dir
+        from hybridrl.workers.common import load_tokenizer_for
+
+        cfg, t = run.cfg, run.cfg.trainer
+        model = cfg.actor_rollout_ref.model
+        model_dir = materialize_hf_dir(model.path, model.gguf_file)
+        check_model_fits_layout(run, model_dir)
+        tokenizer = load_tokenizer_for(model_dir, run)
+        train = create_rl_dataset(cfg.data.train_files, cfg.data, tokenizer, is_train=True)
+        val = create_rl_dataset(cfg.data.val_files, cfg.data, tokenizer, is_train=False)
+        train_loader = make_prompt_loader(train, cfg.data, is_train=True)
+        val_loader = make_prompt_loader(val, cfg.data, is_train=False)
+        total = t.total_training_steps or len(train_loader) * t.total_epochs
+        reward = load_reward_fn(cfg.custom_reward_function, cfg.reward_model.reward_manager, tokenizer,
+                                reward_fn_key=cfg.data.reward_fn_key)
+        val_reward = load_reward_fn(cfg.custom_reward_function, cfg.reward_model.reward_manager, tokenizer,
+                                    reward_fn_key=cfg.data.reward_fn_key, num_examine=t.log_val_generations)
+        actor, critic, rank0 = _spawn_groups(run, model_dir, total)
+        print(_startup_report(run, model_dir, len(train), len(val), train, total), flush=True)
+        loggers = list(t.logger) + (["jsonl"] if t.plot and "jsonl" not in t.logger else [])
+        tracker = Tracker(loggers if rank0 else [], t.project_name, t.experiment_name, to_dict(cfg),
+                          os.path.join(os.path.expanduser(t.default_local_dir), "logs"))
+        kc = cfg.algorithm.kl_ctrl
+        return cls(
+            run=run, model_dir=model_dir, tokenizer=tokenizer, train_loader=train_loader, val_loader=val_loader,
+            reward_fn=reward, val_reward_fn=val_reward, actor_group=actor, critic_group=critic, tracker=tracker,
+            ckpt=CheckpointManager.from_config(t, cfg), progress=ProgressBar.from_config(t, total) if rank0 else
+            ProgressBar(total, enabled=False),
+            kl_ctrl=build_kl_controller(kc.type, kc.kl_coef, kc.target_kl, kc.horizon),
+            adv_params=AdvantageParams(gamma=cfg.algorithm.gamma, lam=cfg.algorithm.lam,
+                                       norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo),
+            total_steps=total, hf_config=actor.model_info()["hf_config"], is_rank0=rank0, backend=t.backend,
+        )
+
+    # ------------------------------------------------------------------ data
+    def batches(self, done_steps: int) -> Iterator[DataProto]:
+        """Training batches from where the loader stands until total_steps (epochs roll over)."""
+        step = done_steps
+        while step < self.total_steps:
+            for batch in self.train_loader:
+                yield batch
+                step += 1
+                if step >= self.total_steps:
+                    return
+
+    def val_batches(self) -> Iterator[DataProto]:
+        self.val_loader.position = 0  # validation always walks the whole set from its start
+        yield from self.val_loader
+
+    # ------------------------------------------------------------------ checkpoints
+    def resume(self) -> int:
+        path = find_resume_path(self.run.cfg.trainer)
+        if path is None:
+            return 0
+        state = load_trainer_state(path)
+        self.actor_group.load_checkpoint(os.path.join(path, "actor"))
+        if self.critic_group is not None:
+            self.critic_group.load_checkpoint(os.path.join(path, "critic"))
+        self.train_loader.load_state_dict(state.dataloader)
+        if "value" in state.kl_ctrl:
+            self.kl_ctrl.value = float(state.kl_ctrl["value"])
+        restore_rng_state(state.rng)
+        self.progress = ProgressBar.from_config(self.run.cfg.trainer, self.total_steps, state.global_step) \
+            if self.is_rank0 else self.progress
+        print(f"hybridrl: resumed from {path} (step {state.global_step})", flush=True)
+        return state.global_step
+
+    def save(self, step: int) -> float:
+        start = time.perf_counter()
+        parts = {"actor": self.actor_group.save_checkpoint}
+        if self.critic_group is not None:
+            parts["critic"] = self.critic_group.save_checkpoint
+        state = TrainerState(global_step=step, dataloader=self.train_loader.state_dict(),
+                             kl_ctrl={"value": float(self.kl_ctrl.value)})
+        if self.is_rank0:
+            self.ckpt.save(step, parts, state)
+        else:  # torchrun ranks > 0: the model parts are collective; rank 0 writes the rest
+            for name, part in parts.items():
+                part(os.path.join(self.ckpt.step_dir(step), name))
+        return time.perf_counter() - start
+
+    # ------------------------------------------------------------------ metrics
+    def mfu(self, batch: DataProto, timing: dict[str, float]) -> dict[str, float]:
+        if "update_actor" not in timing or not torch.cuda.is_available():
+            return {}
+        peak = peak_flops_for(torch.cuda.get_device_name())
+        if not peak:
+            return {}
+        tokens = float(batch.batch["attention_mask"].sum())
+        seq = float(batch.batch["attention_mask"].sum(-1).float().mean())
+        epochs = self.run.cfg.actor_rollout_ref.actor.ppo_epochs
+        return {"perf/mfu/actor": compute_mfu(tokens * epochs, timing["update_actor"], self.run.derived.world_size,
+                                              self.hf_config, peak, seq_len=seq)}
+
+    def remax_baselines(self, batch: DataProto) -> torch.Tensor:
+        """ReMax: the greedy response's score for each prompt, broadcast to its samples."""
+        first = {}
+        for i, uid in enumerate(batch.non_tensor_batch["uid"]):
+            first.setdefault(uid, i)
+        prompts = batch[list(first.values())].select(["prompts"], [k for k in batch.non_tensor_batch])
+        p = prompts.batch["prompts"]
+        pad = self.tokenizer.pad_token_id
+        mask = (p != pad).long()
+        greedy_in = DataProto.from_dict({"input_ids": p, "attention_mask": mask,
+                                         "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)},
+                                        dict(prompts.non_tensor_batch), {"greedy": True, "validate": True})
+        out = self.actor_group.generate_sequences(greedy_in)
+        out.meta_info.pop("metrics", None)
+        scores = self.reward_fn(out).reward_tensor.sum(-1)
+        by_uid = dict(zip(list(first), scores.tolist()))
+        return torch.tensor([by_uid[u] for u in batch.non_tensor_batch["uid"]], dtype=torch.float32)
+
+    def dump_generations(self, out: DataProto, result: Any) -> None:
+        t = self.run.cfg.trainer
+        if not self.is_rank0 or not t.validation_data_dir:
+            return
+        os.makedirs(t.validation_data_dir, exist_ok=True)
+        texts = self.tokenizer.batch_decode(out.batch["responses"], skip_special_tokens=True)
+        scores = result.reward_tensor.sum(-1).tolist()
+        with open(os.path.join(t.validation_data_dir, "generations.jsonl"), "a") as f:
+            for text, score in zip(texts, scores):
+                f.write(json.dumps({"response": text, "score": score}) + "\n")
+
+    # ------------------------------------------------------------------ end
+    def finish(self, final: dict[str, float]) -> None:
+        self.progress.close()
+        if not self.is_rank0:
+            return
+        self.tracker.finish()  # the console backend prints the run's summary table
+        t = self.run.cfg.trainer
+        jsonl = os.path.join(self.tracker.log_dir, "metrics.jsonl")
+        if t.plot and os.path.exists(jsonl):
+            from .plot import plot_history
+
+            png = os.path.join(self.tracker.log_dir, "training.png")
+            plot_history(jsonl, png, title=f"{t.project_name}/{t.experiment_name}")
+            print(f"hybridrl: plot written to {png}", flush=True)
+
+    def close(self) -> None:
+        self.tracker.finish()
+        for g in (self.critic_group, self.actor_group):
+            if g is not None:
+                try:
+                    g.shutdown()
+                except Exception as e:  # shutting down after a failure must not hide the failure
+                    print(f"hybridrl: worker shutdown raised {type(e).__name__}: {e}", flush=True)
+        if self.backend == "ray":
+            from hybridrl.controller import shutdown_ray
+
+            shutdown_ray()
+
+
+def check_model_fits_layout(run: RunConfig, model_dir: str) -> None:
+    """Heads % tp, kv heads % tp, layers % pp: refuse before any worker starts, naming the knob."""
+    from hybridrl.config import ConfigError
+    from hybridrl.plan.checks import shape_problems
+    from hybridrl.plan.model_shape import from_hf_config
+
+    with open(os.path.join(model_dir, "config.json")) as f:
+        config = {**json.load(f), **run.cfg.actor_rollout_ref.model.override_config}
+    shape = from_hf_config(config, name=os.path.basename(model_dir), source=os.path.join(model_dir, "config.json"))
+    problems = shape_problems(run, shape)
+    if problems:
+        raise ConfigError("the model does not fit the parallel layout:\n  - " + "\n  - ".join(p.message for p in problems))
+
+
+def _spawn_groups(run: RunConfig, model_dir: str, total_steps: int) -> tuple[Any, Optional[Any], bool]:
+    from hybridrl.controller import RoleSpec, init_ray, spawn_colocated
+    from hybridrl.utils.hf_model import materialize_hf_dir
+    from hybridrl.workers import ActorRolloutRefWorker, CriticWorker
+
+    cfg, d, t = run.cfg, run.derived, run.cfg.trainer
+    roles = {"actor_rollout_ref": RoleSpec(ActorRolloutRefWorker, (run, model_dir, total_steps))}
+    if d.use_critic:
+        critic_dir = materialize_hf_dir(cfg.critic.model.path, cfg.critic.model.gguf_file)
+        roles["critic"] = RoleSpec(CriticWorker, (run, critic_dir, total_steps))
+    use_gpu = d.device == "cuda"
+    if t.backend == "ray":
+        from hybridrl.controller import ResourcePool
+
+        ray_init = dict(cfg.ray_kwargs.ray_init)
+        num_cpus = ray_init.pop("num_cpus", None) or max(os.cpu_count() or 1, d.world_size)
+        init_ray(num_cpus=num_cpus, **{k: v for k, v in ray_init.items() if v is not None})
+        pool = ResourcePool([t.n_gpus_per_node] * t.nnodes, use_gpu=use_gpu,
+                            num_cpus_per_process=1.0 if use_gpu else min(1.0, num_cpus / d.world_size))
+        groups = spawn_colocated(pool, roles, backend="ray", call_timeout_s=t.worker_timeout_s,
+                                 dist_timeout_s=t.dist_timeout_s)
+        rank0 = True
+    else:
+        groups = spawn_colocated(None, roles, backend="local", call_timeout_s=t.worker_timeout_s,
+                                 dist_timeout_s=t.dist_timeout_s, use_gpu=use_gpu)
+        rank0 = int(os.environ.get("RANK", "0")) == 0
+    actor = groups["actor_rollout_ref"]
+    actor.init_model()
+    critic = groups.get("critic")
+    if critic is not None:
+        critic.init_model()
+    return actor, critic, rank0
+
+
+def _startup_report(run: RunConfig, model_dir: str, n_train: int, n_val: int, train: Any, total: int) -> str:
+    filtered = getattr(train, "num_filtered_overlong", 0)
+    lines = [f"hybridrl: model {model_dir}", run.summary(),
+             f"data: {n_train} train prompts ({filtered} filtered as overlong), {n_val} validation prompts; "
+             f"{total} steps"]
+    return "\n".join(lines)

@@ -1,0 +1,162 @@
+"""The PPO/GRPO loop. `fit` and `train_step` read as the algorithm; everything they call is named.
+
+One step:  prompts -> rollout (hybrid engine: sync weights, generate, sleep) -> reward
+           -> old log-probs (actor) -> ref log-probs -> values (critic) -> KL and advantages
+           -> critic update (after critic_warmup) -> actor update -> validation / checkpoint / metrics
+"""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+from hybridrl.config import RunConfig
+from hybridrl.hybrid.checks import logprob_gap
+from hybridrl.protocol import DataProto
+
+from . import batch_ops as ops
+from .components import Components
+from .metrics import compute_data_metrics, compute_throughput_metrics, compute_timing_metrics
+
+ACTOR_HEALTH = ("actor/pg_loss", "actor/grad_norm")
+CRITIC_HEALTH = ("critic/vf_loss", "critic/grad_norm")
+
+
+class NonFiniteError(RuntimeError):
+    """A loss or gradient norm went NaN/Inf (trainer.on_nonfinite=error): the step is not checkpointed."""
+
+
+@contextmanager
+def timed(timing: dict[str, float], name: str) -> Iterator[None]:
+    start = time.perf_counter()
+    yield
+    timing[name] = timing.get(name, 0.0) + time.perf_counter() - start
+
+
+class PPOTrainer:
+    def __init__(self, run: RunConfig, parts: Components) -> None:
+        self.run, self.cfg, self.d = run, run.cfg, run.derived
+        self.p = parts
+        self.actor, self.critic = parts.actor_group, parts.critic_group
+        self.global_step = 0
+        self.first_val: dict[str, float] = {}
+        self.last_val: dict[str, float] = {}
+
+    # ------------------------------------------------------------------ the loop
+    def fit(self) -> dict[str, float]:
+        self.global_step = self.p.resume()
+        t = self.cfg.trainer
+        if t.val_before_train or t.val_only:
+            self.first_val = self.last_val = self.validate()
+            self.p.tracker.log(self.last_val, self.global_step)
+        if t.val_only:
+            return self.last_val
+        for prompts in self.p.batches(self.global_step):
+            self.global_step += 1
+            metrics = self.train_step(prompts, self.global_step)
+            last = self.global_step == self.p.total_steps
+            if t.test_freq > 0 and (self.global_step % t.test_freq == 0 or last):
+                self.last_val = self.validate()
+                self.first_val = self.first_val or self.last_val
+                metrics.update(self.last_val)
+            if t.save_freq > 0 and (self.global_step % t.save_freq == 0 or last):
+                metrics["timing_s/save_checkpoint"] = self.p.save(self.global_step)
+            self.p.tracker.log(metrics, self.global_step)
+            self.p.progress.update(self.global_step, metrics)
+        return self.last_val
+
+    def train_step(self, prompts: DataProto, step: int) -> dict[str, float]:
+        timing: dict[str, float] = {}
+        metrics: dict[str, float] = {"training/global_step": step, "training/epoch": prompts.meta_info.get("epoch", 0)}
+        with timed(timing, "step"):
+            with timed(timing, "gen"):
+                batch = self.generate(ops.add_group_ids(prompts), step, metrics)
+            with timed(timing, "reward"):
+                batch = self.score(batch, metrics)
+            batch = self.balance(batch, metrics)
+            with timed(timing, "old_log_prob"):
+                batch = batch.union(self.actor.compute_log_prob(batch))
+                metrics.update(logprob_gap(batch.batch["rollout_log_probs"], batch.batch["old_log_probs"],
+                                           batch.batch["response_mask"]))
+            if self.d.use_reference:
+                with timed(timing, "ref"):
+                    batch = batch.union(self.actor.compute_ref_log_prob(batch))
+            if self.d.use_critic:
+                with timed(timing, "values"):
+                    batch = batch.union(self.critic.compute_values(batch))
+            with timed(timing, "adv"):
+                batch = self.advantages(batch, metrics)
+            if self.d.use_critic:
+                with timed(timing, "update_critic"):
+                    metrics.update(self.checked(self.critic.update_critic(batch), CRITIC_HEALTH, step))
+            if step > self.cfg.trainer.critic_warmup:
+                with timed(timing, "update_actor"):
+                    metrics.update(self.checked(self.actor.update_actor(batch), ACTOR_HEALTH, step))
+        metrics.update(compute_data_metrics(batch, self.d.use_critic))
+        metrics.update(compute_timing_metrics(batch, timing))
+        metrics.update(compute_throughput_metrics(batch, timing, self.d.world_size))
+        metrics.update(self.p.mfu(batch, timing))
+        return metrics
+
+    # ------------------------------------------------------------------ steps
+    def generate(self, prompts: DataProto, step: int, metrics: dict[str, float]) -> DataProto:
+        prompts.meta_info.update(step=step, validate=False)
+        out = self.actor.generate_sequences(prompts)
+        metrics.update({k if "/" in k else f"rollout/{k}": v for k, v in out.meta_info.pop("metrics", {}).items()})
+        out.meta_info["temperature"] = self.cfg.actor_rollout_ref.rollout.temperature
+        return out
+
+    def score(self, batch: DataProto, metrics: dict[str, float]) -> DataProto:
+        result = self.p.reward_fn(batch)
+        return ops.with_scores(batch, result.reward_tensor, result.reward_extra_info)
+
+    def balance(self, batch: DataProto, metrics: dict[str, float]) -> DataProto:
+        if not self.cfg.trainer.balance_batch:
+            return batch
+        batch, m = ops.balance_batch(batch, self.d.actor.dp)
+        metrics.update(m)
+        return batch
+
+    def advantages(self, batch: DataProto, metrics: dict[str, float]) -> DataProto:
+        a = self.cfg.algorithm
+        batch, kl_metrics = ops.rewards_with_kl(batch, a.use_kl_in_reward, self.p.kl_ctrl, a.kl_penalty)
+        metrics.update(kl_metrics)
+        baselines = self.p.remax_baselines(batch) if a.adv_estimator == "remax" else None
+        return ops.advantages(batch, a.adv_estimator, self.p.adv_params, baselines)
+
+    def checked(self, out: DataProto, keys: tuple[str, ...], step: int) -> dict[str, float]:
+        metrics = dict(out.meta_info["metrics"])
+        bad = ops.first_nonfinite(metrics, keys)
+        if bad is not None:
+            if self.cfg.trainer.on_nonfinite == "error":
+                raise NonFiniteError(f"step {step}: {bad}={metrics[bad]}; the update is not checkpointed. "
+                                     "Lower the learning rate or check the data; trainer.on_nonfinite=skip skips such steps")
+            metrics["training/nonfinite_skipped"] = 1.0
+        return metrics
+
+    def validate(self) -> dict[str, float]:
+        sources, scores, lengths = [], [], []
+        n = self.cfg.actor_rollout_ref.rollout.val_kwargs.n
+        for prompts in self.p.val_batches():
+            prompts.meta_info.update(step=self.global_step, validate=True)
+            out = self.actor.generate_sequences(prompts)
+            out.meta_info.pop("metrics", None)
+            result = self.p.val_reward_fn(out)
+            scores += result.reward_tensor.sum(-1).tolist()
+            sources += list(out.non_tensor_batch[self.cfg.data.reward_fn_key])
+            lengths += out.batch["response_mask"].sum(-1).tolist()
+            self.p.dump_generations(out, result)
+        return ops.validation_metrics(sources, scores, n, lengths)
+
+
+def run_ppo(run: RunConfig) -> dict[str, Any]:
+    """Build everything from the validated config, train, and shut down cleanly (also on errors).
+    Returns the first and the last validation metrics ({"before": ..., "after": ...})."""
+    parts = Components.build(run)
+    try:
+        trainer = PPOTrainer(run, parts)
+        final = trainer.fit()
+        parts.finish(final)
+        return {"before": trainer.first_val, "after": final, "steps": trainer.global_step}
+    finally:
+        parts.close()
