@@ -86,7 +86,7 @@ class MegatronActor(MegatronRole, ActorModel):
     def update_policy(self, data: DataProto) -> dict[str, float]:
         if self.is_reference:
             raise RuntimeError("update_policy called on the reference model (built without an optimizer)")
-        cfg, plan = self.cfg, self.batch
+        plan = self.batch
         self.updates += 1
         self.engine.scheduler.step(1)  # this update runs at lr(step); warm-up starts above lr_warmup_init
         temperature = float(data.meta_info.get("temperature", 1.0))

@@ -41,7 +41,7 @@ def device() -> torch.device:
 
 
 def dist_backend() -> str:
-    return "nccl" if torch.cuda.is_available() else "gloo"
+    return "nccl" if cuda_in_use() else "gloo"
 
 
 def synchronize() -> None:
@@ -55,10 +55,11 @@ def empty_cache() -> None:
 
 
 # ------------------------------------------------------------------------------------------ apply
-def apply() -> None:
-    """Make megatron-core usable on CPU. No-op when a CUDA device is available (idempotent)."""
+def apply(force_cpu: bool = False) -> None:
+    """Make megatron-core usable on CPU. No-op when a CUDA device is available, unless `force_cpu`
+    (the converter CLIs, which never need a GPU). Idempotent."""
     global _APPLIED, _MODE
-    if _APPLIED or torch.cuda.is_available():
+    if _APPLIED or (torch.cuda.is_available() and not force_cpu):
         return
     _stub_torch_cuda()
     _MODE = _CudaToCpu()

@@ -113,21 +113,25 @@ def arch_from_hf(path_or_config: Any) -> ModelArch:
     )
 
 
-def check_layout(arch: ModelArch, tp: int, pp: int, vpp: Optional[int], key: str = "*.megatron") -> None:
-    """Divisibility of heads/layers by the parallel sizes; the message says which knob to turn."""
+LAYOUT_NAMES = ("*.megatron.tensor_model_parallel_size", "*.megatron.pipeline_model_parallel_size",
+                "*.megatron.virtual_pipeline_model_parallel_size")
+
+
+def check_layout(arch: ModelArch, tp: int, pp: int, vpp: Optional[int], names: tuple[str, str, str] = LAYOUT_NAMES) -> None:
+    """Divisibility of heads/layers by the parallel sizes; the message names the knob to turn."""
+    tp_name, pp_name, vpp_name = names
     problems = []
     if arch.num_heads % tp:
-        problems.append(f"num_attention_heads={arch.num_heads} is not divisible by {key}.tensor_model_parallel_size={tp}")
+        problems.append(f"num_attention_heads={arch.num_heads} is not divisible by {tp_name}={tp}")
     if arch.num_kv_heads % tp:
-        problems.append(f"num_key_value_heads={arch.num_kv_heads} is not divisible by "
-                        f"{key}.tensor_model_parallel_size={tp} (each tp rank needs whole query groups)")
+        problems.append(f"num_key_value_heads={arch.num_kv_heads} is not divisible by {tp_name}={tp} "
+                        "(each tp rank needs whole query groups)")
     stages = pp * (vpp or 1)
     if arch.num_layers % stages:
-        problems.append(f"num_hidden_layers={arch.num_layers} is not divisible by pipeline_model_parallel_size*"
-                        f"virtual_pipeline_model_parallel_size = {pp}*{vpp or 1}; choose {key}.pipeline_model_parallel_size "
-                        f"(and virtual size) whose product divides {arch.num_layers}")
+        problems.append(f"num_hidden_layers={arch.num_layers} is not divisible by {pp_name}*{vpp_name} = "
+                        f"{pp}*{vpp or 1}; choose sizes whose product divides {arch.num_layers}")
     if problems:
-        raise ValueError(f"{arch.source}: layout does not fit the model: " + "; ".join(problems))
+        raise ValueError(f"{arch.source}: the layout does not fit the model: " + "; ".join(problems))
 
 
 # ------------------------------------------------------------------------------------------ helpers

@@ -64,7 +64,7 @@ def layer_owner(layer: int, arch: ModelArch, topo: Topology) -> tuple[int, int, 
 
 def plan(arch: ModelArch, topo: Topology) -> list[Entry]:
     """Every parameter of the whole model in a fixed order (the same on every rank)."""
-    h, d, V = arch.hidden_size, arch.head_dim, arch.vocab_size
+    h, V = arch.hidden_size, arch.vocab_size
     first, last = (0, 0), (topo.pp - 1, topo.chunks - 1)
     out = [Entry("embedding.word_embeddings.weight", ("model.embed_tokens.weight",), ((V, h),), "vocab", *first)]
     for layer in range(arch.num_layers):

@@ -25,6 +25,7 @@ def ensure_process_group(timeout_s: float = 600.0) -> None:
     """Initialise torch.distributed from the torchrun environment if nobody has (tests, CLIs)."""
     if dist.is_initialized():
         return
+    compat.apply()
     if "RANK" not in os.environ:
         # A lone process (e.g. the mcore-to-hf converter): a one-rank group on a free local port.
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -121,7 +122,7 @@ def _describe(layout: ParallelLayout) -> str:
 
 
 def _select_gpu() -> None:
-    if torch.cuda.is_available():
+    if compat.cuda_in_use():
         local = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
         torch.cuda.set_device(local)
 

@@ -23,8 +23,9 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "megatron_helpers"))
 
-import launch  # noqa: E402
 import tiny  # noqa: E402
+
+import launch  # noqa: E402
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(420)]
 

@@ -104,3 +104,15 @@ def save_references(path: str) -> None:
     entropy = torch.logsumexp(logits, -1) - (torch.softmax(logits, -1) * logits).sum(-1)
     torch.save({"batch": batch, "temperature": PARITY_TEMPERATURE, "log_probs": logp,
                 "logits": logits * PARITY_TEMPERATURE, "entropy": entropy}, os.path.join(path, "refs.pt"))
+
+
+def save_tokenizer(path: str) -> None:
+    """A word-level tokenizer over VOCAB tokens, saved next to a tiny model (no hub access)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, VOCAB)}}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
+    fast.save_pretrained(path)

@@ -1,0 +1,173 @@
+"""HF <-> megatron checkpoint conversion (CPU, gloo), built on the adapter's one weight mapping.
+
+    hf_to_mcore(hf_dir, out, tp, pp)   T*P spawned processes each read only their shards from the HF
+                                       safetensors and save them as a model-only dist checkpoint
+    mcore_to_hf(ckpt_dir, out)          one process loads the dist checkpoint (any saved layout) at
+                                       tp=pp=1, streams HF tensors through export_hf_weights and
+                                       writes safetensors + config + tokenizer files
+Both check their inputs first and fail with the path or field to fix.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+import sys
+import time
+from typing import Any, Optional
+
+import torch
+
+PREFIX = "[convert]"
+
+
+def log(msg: str) -> None:
+    print(f"{PREFIX} {msg}", flush=True)
+
+
+@dataclasses.dataclass
+class ConvertedModel:
+    """The parts of a role that checkpoint.save/load use, for a bare model (no optimizer)."""
+
+    engine: Any
+    arch: Any
+    layout: Any
+    hf_path: str
+    hf_config: Any
+    value_head: bool = False
+    role: str = "actor"
+    updates: int = 0
+    megatron: Any = None
+
+
+# ------------------------------------------------------------------------------------------ HF -> mcore
+def hf_to_mcore(hf_dir: str, out: str, tp: int, pp: int, timeout_s: float = 3600.0) -> None:
+    """Convert an HF folder into a model-only megatron dist checkpoint saved from a tp x pp layout."""
+    from hybridrl.adapters.megatron.hf_config import arch_from_hf, check_layout
+    from hybridrl.adapters.megatron.hf_io import SafetensorsReader
+
+    hf_dir = os.path.abspath(os.path.expanduser(hf_dir))
+    arch = arch_from_hf(hf_dir)  # FileNotFoundError / UnsupportedModelError name the file or field
+    check_layout(arch, tp, pp, None, names=("--tp", "--pp", "--vpp"))  # heads, kv heads, layers must divide
+    SafetensorsReader(hf_dir)  # weights present and indexed
+    if os.path.isdir(out) and os.listdir(out):
+        raise FileExistsError(f"--out {out} exists and is not empty; choose a new folder")
+    world = tp * pp
+    log(f"{hf_dir} ({arch.model_type}, {arch.num_layers} layers) -> {out} at tp={tp} pp={pp}: {world} processes")
+    start = time.time()
+    import torch.multiprocessing as mp
+
+    ctx = mp.start_processes(_hf_to_mcore_rank, args=(world, _free_port(), hf_dir, out, tp, pp), nprocs=world,
+                             join=False, start_method="spawn")
+    deadline = time.time() + timeout_s
+    while not ctx.join(timeout=5):
+        if time.time() > deadline:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.terminate()
+            raise TimeoutError(f"hf-to-mcore did not finish in {timeout_s:.0f}s")
+    log(f"done in {time.time() - start:.1f}s: {out}")
+
+
+def _hf_to_mcore_rank(rank: int, world: int, port: int, hf_dir: str, out: str, tp: int, pp: int) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    from hybridrl.adapters.megatron import checkpoint, compat, parallel
+    from hybridrl.adapters.megatron.builder import build_model
+    from hybridrl.adapters.megatron.engine import Engine
+    from hybridrl.adapters.megatron.hf_config import arch_from_hf, load_hf_config
+    from hybridrl.adapters.megatron.weights import load_hf_weights
+    from hybridrl.config.schema.common import MegatronConfig
+
+    compat.apply(force_cpu=True)
+    parallel.ensure_process_group(timeout_s=1800)
+    layout = parallel.layout_for(world, tp=tp, pp=pp)
+    parallel.init_megatron(layout, seed=0)
+    hf_config = load_hf_config(hf_dir)
+    arch = dataclasses.replace(arch_from_hf(hf_config), source=hf_dir)
+    chunks = build_model(arch, layout, overrides={"perform_initialization": False})
+    n = load_hf_weights(chunks, hf_dir, arch, layout)
+    print(f"{PREFIX} rank {rank}: read {n} tensors for tp rank {rank % tp}, pp stage {rank // tp}", flush=True)
+    model = ConvertedModel(Engine(chunks, layout), arch, layout, hf_dir, hf_config,
+                           megatron=MegatronConfig(use_distributed_optimizer=False))
+    checkpoint.save(out, model)
+    if rank == 0:
+        log(f"saved dist checkpoint to {out}")
+    torch.distributed.destroy_process_group()
+
+
+# ------------------------------------------------------------------------------------------ mcore -> HF
+def mcore_to_hf(ckpt_dir: str, out: str, hf_config_dir: Optional[str] = None, bucket_bytes: int = 1 << 30) -> None:
+    """Write the model of a hybridrl megatron checkpoint as an HF folder (safetensors + config + tokenizer)."""
+    from hybridrl.adapters.megatron import checkpoint, compat, parallel
+    from hybridrl.adapters.megatron.builder import DTYPES, build_model
+    from hybridrl.adapters.megatron.engine import Engine
+    from hybridrl.adapters.megatron.hf_config import arch_from_hf, load_hf_config
+    from hybridrl.adapters.megatron.hf_io import SafetensorsWriter, copy_side_files
+    from hybridrl.adapters.megatron.weights import export_hf_weights
+    from hybridrl.config.schema.common import MegatronConfig
+
+    ckpt_dir = os.path.abspath(os.path.expanduser(ckpt_dir))
+    meta = checkpoint.read_meta(ckpt_dir)
+    config_dir = hf_config_dir or os.path.join(ckpt_dir, "huggingface")
+    _check_checkpoint_files(ckpt_dir, meta, config_dir)
+    compat.apply(force_cpu=True)
+    parallel.ensure_process_group(timeout_s=1800)
+    layout = parallel.layout_for(1)
+    parallel.init_megatron(layout, seed=0)
+    hf_config = load_hf_config(config_dir)
+    arch = dataclasses.replace(arch_from_hf(hf_config), source=config_dir)
+    saved = meta["layout"]
+    log(f"{ckpt_dir}: {meta['role']} step {meta['step']}, saved at tp={saved['tp']} pp={saved['pp']} "
+        f"dp={saved['dp']}; loading at tp=1 pp=1")
+    chunks = build_model(arch, layout, value_head=meta["value_head"], overrides={"perform_initialization": False})
+    model = ConvertedModel(Engine(chunks, layout), arch, layout, config_dir, hf_config, value_head=meta["value_head"],
+                           role=meta["role"], megatron=MegatronConfig(use_distributed_optimizer=False))
+    checkpoint.load(ckpt_dir, model)
+    if os.path.isdir(out) and os.listdir(out):
+        raise FileExistsError(f"--target_dir/--out {out} exists and is not empty; choose a new folder")
+    writer = SafetensorsWriter(out, dtype=DTYPES[meta.get("hf_dtype", "float32")])
+    written = 0
+    for bucket in export_hf_weights(model.engine.chunks, arch, layout, bucket_bytes, value_head=meta["value_head"]):
+        writer.write(bucket)
+        written += len(bucket)
+        log(f"wrote {written} tensors ({writer.total_bytes / 2**20:.1f} MiB)")
+    writer.close()
+    copied = copy_side_files(config_dir, out)
+    log(f"done: {out} ({', '.join(copied)})")
+
+
+def _check_checkpoint_files(ckpt_dir: str, meta: dict, config_dir: str) -> None:
+    """Missing pieces or a folder whose files do not match meta.json -> an error naming the path."""
+    if not os.path.isfile(os.path.join(config_dir, "config.json")):
+        raise FileNotFoundError(f"{config_dir}/config.json is missing; pass --hf_model_path with the original "
+                                "HF folder")
+    dist_meta = os.path.join(ckpt_dir, "dist", "metadata.json")
+    if not os.path.isfile(dist_meta):
+        raise FileNotFoundError(f"{dist_meta} is missing: the dist checkpoint was not written completely")
+    rng_dir = os.path.join(ckpt_dir, "rng")
+    if os.path.isdir(rng_dir):
+        ranks = len([f for f in os.listdir(rng_dir) if f.startswith("rank_")])
+        saved = meta["layout"]
+        if ranks != saved["world_size"]:
+            raise ValueError(f"{ckpt_dir}/meta.json claims a layout of {saved['world_size']} ranks (tp={saved['tp']} "
+                             f"pp={saved['pp']} dp={saved['dp']}) but {rng_dir} holds {ranks} rank files: the folder "
+                             "mixes files from different saves")
+    with open(os.path.join(config_dir, "config.json")) as f:
+        cfg = json.load(f)
+    for field, key in (("num_hidden_layers", "num_layers"), ("hidden_size", "hidden_size"),
+                       ("vocab_size", "vocab_size")):
+        if field in cfg and cfg[field] != meta["arch"][key]:
+            raise ValueError(f"{config_dir}/config.json has {field}={cfg[field]} but the checkpoint was saved with "
+                             f"{meta['arch'][key]}; pass the HF config of the trained model")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+if __name__ == "__main__":  # pragma: no cover - use the CLIs
+    sys.exit("use `python -m hybridrl convert ...` or `python -m hybridrl.model_merger merge ...`")
