@@ -59,10 +59,10 @@ def _move(engine: Any, state: State, params: bool, grads: bool, optimizer: bool,
                          optimizer_bytes=moved["optimizer"], seconds=time.perf_counter() - start)
 
 
-def _unique_storages(tensors: Iterable[torch.Tensor], skip: set[int]) -> dict[int, Any]:
+def _unique_storages(tensors: Iterable[torch.Tensor], skip: set[int], device_type: str = "cuda") -> dict[int, Any]:
     out = {}
     for t in tensors:
-        if t is None or t.device.type != "cuda":
+        if t is None or t.device.type != device_type:
             continue
         s = t.untyped_storage()
         key = s.data_ptr()
@@ -71,15 +71,16 @@ def _unique_storages(tensors: Iterable[torch.Tensor], skip: set[int]) -> dict[in
     return out
 
 
-def _offload_storages(tensors: Iterable[torch.Tensor], state: State, kind: str, keep: bool) -> int:
+def _offload_storages(tensors: Iterable[torch.Tensor], state: State, kind: str, keep: bool,
+                      device_type: str = "cuda") -> int:
     taken = {k for d in state.offloaded.values() for k in d}
     total = 0
-    for key, storage in _unique_storages(tensors, taken).items():
+    for key, storage in _unique_storages(tensors, taken, device_type).items():
         nbytes = storage.nbytes()
         if keep:
             host = state.pinned.get(key)
             if host is None or host.numel() != nbytes:
-                host = state.pinned[key] = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+                host = state.pinned[key] = torch.empty(nbytes, dtype=torch.uint8, pin_memory=compat.cuda_in_use())
             host.copy_(_bytes_view(storage), non_blocking=True)
         compat.synchronize()
         storage.resize_(0)

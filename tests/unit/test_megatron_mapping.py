@@ -1,0 +1,143 @@
+"""The HF <-> Megatron weight mapping as pure tensor functions (no processes, no megatron import):
+fused QKV per query group, fused gate/up, vocab padding, row/column splits, pipeline ownership, and
+the HF-config checks that name the field or knob to change."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from hybridrl.adapters.megatron.hf_config import (
+    ModelArch,
+    RopeSpec,
+    UnsupportedModelError,
+    arch_from_hf,
+    check_layout,
+)
+from hybridrl.adapters.megatron.mapping import Topology, hf_to_shard, layer_owner, plan, shard_shape, shards_to_hf
+
+ARCH = ModelArch(model_type="qwen2", vocab_size=1001, hidden_size=16, ffn_hidden_size=24, num_layers=4, num_heads=4,
+                 num_kv_heads=2, head_dim=6, norm_eps=1e-6, rope=RopeSpec(theta=1e4), max_position_embeddings=64,
+                 tie_embeddings=False, qkv_bias=True, qk_norm=False)
+
+
+def random_hf(arch: ModelArch, topo: Topology) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return {name: torch.randn(shape, generator=g) for e in plan(arch, topo) for name, shape in zip(e.hf, e.hf_shapes)}
+
+
+def reader(tensors):
+    def read(name, rows=None, cols=None):
+        t = tensors[name]
+        t = t[rows] if rows is not None else t
+        return t[:, cols] if cols is not None else t
+
+    return read
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("arch", [ARCH, dataclasses.replace(ARCH, qkv_bias=False, qk_norm=True, tie_embeddings=True)])
+def test_shard_then_merge_gives_back_every_hf_tensor(tp, arch):
+    topo = Topology(tp=tp, pp=2)
+    hf = random_hf(arch, topo)
+    for entry in plan(arch, topo):
+        shards = [hf_to_shard(entry, reader(hf), arch, r, tp) for r in range(tp)]
+        assert all(tuple(s.shape) == shard_shape(entry, arch, tp) for s in shards), entry.mcore
+        for name, tensor in shards_to_hf(entry, shards, arch):
+            assert torch.equal(tensor, hf[name]), (entry.mcore, name)
+
+
+def test_qkv_is_interleaved_per_query_group():
+    arch, tp = ARCH, 2
+    hf = random_hf(arch, Topology(tp=tp, pp=1))
+    entry = next(e for e in plan(arch, Topology(tp=tp, pp=1)) if e.mcore.endswith("0.self_attention.linear_qkv.weight"))
+    d, p = arch.head_dim, arch.heads_per_group
+    q, k, v = (hf[n] for n in entry.hf)
+    shard1 = hf_to_shard(entry, reader(hf), arch, 1, tp)  # rank 1 holds query group 1
+    assert torch.equal(shard1[: p * d], q[p * d: 2 * p * d])  # its 2 query heads
+    assert torch.equal(shard1[p * d: p * d + d], k[d: 2 * d])  # then its key head
+    assert torch.equal(shard1[p * d + d:], v[d: 2 * d])  # then its value head
+
+
+def test_fc1_rank_holds_its_gate_rows_then_its_up_rows():
+    hf = random_hf(ARCH, Topology(tp=2, pp=1))
+    entry = next(e for e in plan(ARCH, Topology(tp=2, pp=1)) if e.mcore.endswith("0.mlp.linear_fc1.weight"))
+    gate, up = hf[entry.hf[0]], hf[entry.hf[1]]
+    shard0 = hf_to_shard(entry, reader(hf), ARCH, 0, 2)
+    assert torch.equal(shard0, torch.cat([gate[:12], up[:12]]))
+
+
+def test_vocab_is_padded_with_zero_rows_and_stripped_on_export():
+    hf = random_hf(ARCH, Topology(tp=2, pp=1))
+    entry = plan(ARCH, Topology(tp=2, pp=1))[0]
+    shards = [hf_to_shard(entry, reader(hf), ARCH, r, 2) for r in range(2)]
+    assert ARCH.padded_vocab(2) == 1024 and shards[1].shape == (512, 16)
+    assert torch.count_nonzero(shards[1][1001 - 512:]) == 0
+    assert shards_to_hf(entry, shards, ARCH)[0][1].shape == (1001, 16)
+
+
+def test_padded_vocab_does_not_depend_on_power_of_two_tp():
+    arch = dataclasses.replace(ARCH, vocab_size=151936)
+    assert {arch.padded_vocab(tp) for tp in (1, 2, 4, 8)} == {152576}
+
+
+def test_layers_follow_megatrons_interleaved_pipeline_assignment():
+    arch = dataclasses.replace(ARCH, num_layers=8)
+    topo = Topology(tp=1, pp=2, vpp=2)
+    # chunk c = layer // 2 -> (pp rank c % 2, vp stage c // 2)
+    assert [layer_owner(g, arch, topo) for g in range(8)] == [
+        (0, 0, 0), (0, 0, 1), (1, 0, 0), (1, 0, 1), (0, 1, 0), (0, 1, 1), (1, 1, 0), (1, 1, 1)]
+    entries = plan(arch, topo)
+    assert entries[0].pp_rank == 0 and entries[-1].pp_rank == 1 and entries[-1].vp_stage == 1
+
+
+def test_tied_embeddings_on_two_stages_import_but_do_not_export_the_copy():
+    arch = dataclasses.replace(ARCH, tie_embeddings=True)
+    out = [e for e in plan(arch, Topology(tp=1, pp=2)) if e.mcore == "output_layer.weight"]
+    assert len(out) == 1 and not out[0].export and out[0].hf == ("model.embed_tokens.weight",)
+    assert not [e for e in plan(arch, Topology(tp=1, pp=1)) if e.mcore == "output_layer.weight"]
+
+
+def test_critic_maps_the_value_head_to_score():
+    entries = plan(ARCH, Topology(tp=2, pp=1, value_head=True))
+    head = entries[-1]
+    assert head.hf == ("score.weight",) and head.optional and head.kind == "replicated"
+    assert not any("lm_head" in n for e in entries for n in e.hf)
+
+
+# ------------------------------------------------------------------------------------------ HF config checks
+def hf_config(**kw):
+    from transformers import LlamaConfig
+
+    base = dict(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+                num_key_value_heads=2)
+    return LlamaConfig(**{**base, **kw})
+
+
+def test_llama3_rope_scaling_is_read_from_rope_parameters():
+    cfg = hf_config(rope_parameters={"rope_type": "llama3", "rope_theta": 5e5, "factor": 32.0, "low_freq_factor": 1.0,
+                                     "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+                    max_position_embeddings=131072)
+    rope = arch_from_hf(cfg).rope
+    assert (rope.kind, rope.theta, rope.factor) == ("llama3", 5e5, 32.0)
+
+
+@pytest.mark.parametrize("kw, field", [
+    ({"hidden_act": "gelu"}, "hidden_act='gelu'"),
+    ({"attention_bias": True}, "attention_bias=True"),
+    ({"mlp_bias": True}, "mlp_bias=True"),
+    ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}}, "rope_type='yarn'"),
+])
+def test_unsupported_options_name_the_hf_field(kw, field):
+    with pytest.raises(UnsupportedModelError, match=field.replace("(", r"\(")):
+        arch_from_hf(hf_config(**kw))
+
+
+def test_layout_errors_name_the_knob():
+    arch = arch_from_hf(hf_config())
+    with pytest.raises(ValueError, match="num_key_value_heads=2 is not divisible by .*tensor_model_parallel_size=4"):
+        check_layout(arch, 4, 1, None)
+    with pytest.raises(ValueError, match="num_hidden_layers=4 is not divisible by .*pipeline_model_parallel_size"):
+        check_layout(arch, 1, 3, None)
+    check_layout(arch, 2, 2, None)
