@@ -137,6 +137,7 @@ class WeightSync:
         return {"timing_s/offload": float(report.seconds), "offload/bytes": float(report.total_bytes)}
 
     def _stream(self, sent: SentChecksums) -> dict[str, float]:
+        start = time.perf_counter()
         seen: set[str] = set()
         total = buckets = tensors = biggest = 0
         for bucket in self.actor.export_weights(self.options.bucket_bytes):
@@ -147,7 +148,8 @@ class WeightSync:
             del bucket  # before the export builds the next one: never two buckets alive
         if buckets == 0:
             raise WeightSyncError("actor.export_weights yielded no weights")
-        return {"reshard/bytes": float(total), "reshard/buckets": float(buckets),
+        return {"timing_s/reshard_stream": time.perf_counter() - start, "reshard/bytes": float(total),
+                "reshard/buckets": float(buckets),
                 "reshard/tensors": float(tensors), "reshard/max_bucket_bytes": float(biggest)}
 
     def _check(self, sent: SentChecksums) -> dict[str, float]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
-from typing import Iterable, Optional
+from typing import Any, Iterable, Optional
 
 import torch
 
@@ -28,6 +28,17 @@ from hybridrl.protocol import DataProto
 from hybridrl.utils.registry import Registry
 
 ROLLOUT_ENGINES: Registry = Registry("rollout engine", key="actor_rollout_ref.rollout.name")
+
+
+def eos_token_ids(tokenizer: Any, hf_config: Any) -> tuple[int, ...]:
+    """Every engine stops on the same ids: the tokenizer's EOS plus the model config's (a list in some
+    configs, e.g. an instruct model's end-of-turn and end-of-text), without duplicates."""
+    ids: list[int] = []
+    for v in (getattr(tokenizer, "eos_token_id", None), getattr(hf_config, "eos_token_id", None)):
+        for i in (v if isinstance(v, (list, tuple)) else [v]):
+            if i is not None and int(i) not in ids:
+                ids.append(int(i))
+    return tuple(ids)
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from typing import Any
 
 import torch
 
-from .base import RolloutEngine
+from .base import RolloutEngine, eos_token_ids
 
 
 def build_engine(engine: str, model_dir: str, rollout_cfg: Any, *, tp_g: int, tokenizer: Any, hf_config: Any,
@@ -23,5 +23,6 @@ def build_engine(engine: str, model_dir: str, rollout_cfg: Any, *, tp_g: int, to
 
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         return VLLMRolloutEngine.from_config(model_dir, rollout_cfg, tp_g=tp_g, pad_token_id=pad,
+                                             eos_token_ids=eos_token_ids(tokenizer, hf_config),
                                              max_model_len=max_model_len, trust_remote_code=trust_remote_code)
     raise ValueError(f"actor_rollout_ref.rollout.name={engine!r}: unknown engine; use torch or vllm")

@@ -20,7 +20,7 @@ from hybridrl.hybrid.checks import tensor_checksum
 from hybridrl.protocol import DataProto
 
 from .assemble import assemble_rollout
-from .base import ROLLOUT_ENGINES, EngineMemory, RolloutEngine, SamplingParams
+from .base import ROLLOUT_ENGINES, EngineMemory, RolloutEngine, SamplingParams, eos_token_ids
 from .sampling import RowSampler, StopChecker, processed_log_probs
 
 
@@ -220,13 +220,9 @@ def _examples(params: dict[str, Any]) -> list[str]:
 
 
 def _eos_ids(eos: Optional[Sequence[int]], tokenizer: Any, hf_config: Any) -> tuple[int, ...]:
-    if eos is None and tokenizer is not None and tokenizer.eos_token_id is not None:
-        eos = [tokenizer.eos_token_id]
-    if eos is None:
-        eos = getattr(hf_config, "eos_token_id", None)
-    if eos is None:
-        return ()
-    return tuple(int(e) for e in ([eos] if isinstance(eos, int) else eos))
+    if eos is not None:
+        return tuple(int(e) for e in ([eos] if isinstance(eos, int) else eos))
+    return eos_token_ids(tokenizer, hf_config)
 
 
 def _pad_id(pad: Optional[int], tokenizer: Any, hf_config: Any, eos: tuple[int, ...]) -> int:

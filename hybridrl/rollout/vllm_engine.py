@@ -58,9 +58,11 @@ class VLLMRolloutEngine(RolloutEngine):
         self.tp_size = tp_size
         self.pad_token_id = pad_token_id
         self.eos_token_ids = tuple(eos_token_ids)
+        # Prompts arrive as token ids and responses leave as token ids: vLLM needs no tokenizer, and
+        # without one it never detokenizes (EOS ids are passed as stop tokens explicitly instead).
         self.llm = LLM(
             model=model_dir,
-            tokenizer=model_dir,
+            skip_tokenizer_init=True,
             trust_remote_code=trust_remote_code,
             tensor_parallel_size=tp_size,
             distributed_executor_backend="external_launcher",
@@ -88,7 +90,8 @@ class VLLMRolloutEngine(RolloutEngine):
 
     @classmethod
     def from_config(cls, model_dir: str, rollout_cfg: Any, *, tp_g: int, pad_token_id: int,
-                    max_model_len: int, trust_remote_code: bool = False) -> "VLLMRolloutEngine":
+                    eos_token_ids: tuple[int, ...], max_model_len: int,
+                    trust_remote_code: bool = False) -> "VLLMRolloutEngine":
         """From actor_rollout_ref.rollout (its engine_kwargs.vllm pass through to vllm.LLM)."""
         r = rollout_cfg
         return cls(
@@ -96,7 +99,7 @@ class VLLMRolloutEngine(RolloutEngine):
             max_model_len=r.max_model_len or max_model_len, max_num_seqs=r.max_num_seqs,
             max_num_batched_tokens=r.max_num_batched_tokens, enforce_eager=r.enforce_eager,
             enable_chunked_prefill=r.enable_chunked_prefill, enable_prefix_caching=r.enable_prefix_caching,
-            seed=r.seed, pad_token_id=pad_token_id, trust_remote_code=trust_remote_code,
+            seed=r.seed, pad_token_id=pad_token_id, eos_token_ids=eos_token_ids, trust_remote_code=trust_remote_code,
             engine_kwargs=dict((r.engine_kwargs or {}).get("vllm", {}) or {}),
         )
 
@@ -104,8 +107,12 @@ class VLLMRolloutEngine(RolloutEngine):
     def generate(self, prompts: DataProto, sampling: SamplingParams) -> DataProto:
         from vllm import SamplingParams as VSampling
 
+        if sampling.stop:
+            raise ValueError("the vLLM engine runs without a tokenizer: stop strings are not supported; "
+                             "use stop_token_ids")
         ids, mask = prompts.batch["input_ids"], prompts.batch["attention_mask"]
         token_lists = [row[m.bool()].tolist() for row, m in zip(ids.cpu(), mask.cpu())]
+        stop_ids = list(sampling.stop_token_ids) + ([] if sampling.ignore_eos else list(self.eos_token_ids))
         params = []
         for i in range(len(token_lists)):
             params.append(VSampling(
@@ -114,10 +121,9 @@ class VLLMRolloutEngine(RolloutEngine):
                 top_p=1.0 if sampling.greedy else sampling.top_p,
                 top_k=0 if (sampling.greedy or sampling.top_k <= 0) else sampling.top_k,
                 max_tokens=sampling.max_tokens,
-                stop_token_ids=list(sampling.stop_token_ids) or None,
-                stop=list(sampling.stop) or None,
-                include_stop_str_in_output=True,
+                stop_token_ids=stop_ids or None,
                 ignore_eos=sampling.ignore_eos,
+                detokenize=False,
                 # per-prompt seeds so prompts do not share random draws; children get seed + index
                 seed=None if sampling.seed is None else sampling.seed + i * sampling.n,
                 logprobs=0 if sampling.logprobs else None,
