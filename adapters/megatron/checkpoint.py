@@ -31,6 +31,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from . import compat
 from .builder import unwrap
 from .hf_io import copy_side_files
 
@@ -239,7 +240,7 @@ def _rng_state() -> dict:
         "python": random.getstate(),
         "numpy": np.random.get_state(),
         "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
+        "cuda": torch.cuda.get_rng_state() if compat.cuda_in_use() else None,
         "tracker": {k: v.clone() for k, v in tracker.get_states().items()},
     }
 
@@ -259,6 +260,6 @@ def _maybe_load_rng(path: str, meta: dict) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
-    if state["cuda"] is not None and torch.cuda.is_available():
+    if state["cuda"] is not None and compat.cuda_in_use():
         torch.cuda.set_rng_state(state["cuda"])
     mrandom.get_cuda_rng_tracker().set_states(state["tracker"])

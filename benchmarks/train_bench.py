@@ -1,0 +1,177 @@
+"""Training throughput of the megatron-core actor on one GPU: PPO update tokens/s, MFU, peak memory,
+offload/onload seconds and bytes, on a Qwen2.5-0.5B-shaped random model imported from HF format (bf16).
+
+    PYTHONPATH=$PWD:/tmp/site python benchmarks/train_bench.py --out benchmarks/results/train_bench.json
+
+MFU = model FLOPs / (seconds * peak), peak = 989 TFLOP/s (H100 SXM dense bf16), with
+    model FLOPs = 6 * N * tokens + 6 * L * d_attn * sum_i(s_i^2)
+N counts the weights used in matmuls (transformer layers + the vocab projection; the input embedding is a
+lookup), tokens the valid (unpadded) tokens of the update, s_i the valid length of sample i, L layers,
+d_attn = heads * head_dim; the second term is causal attention (QK^T and AV, forward + backward = 3x the
+forward's 2 * s^2 * d_attn per layer). Padding the micro-batches costs real time but counts as no work.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import tempfile
+import time
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+PEAK_FLOPS = 989e12  # H100 SXM, dense bf16
+SHAPE = dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+             num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6,
+             tie_word_embeddings=True)
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "train_bench.json"))
+    p.add_argument("--samples", type=int, default=64, help="samples per update (one optimizer step)")
+    p.add_argument("--prompt", type=int, default=256)
+    p.add_argument("--response", type=int, default=768)
+    p.add_argument("--micro", type=int, default=4, help="samples per micro-batch")
+    p.add_argument("--updates", type=int, default=3, help="timed updates (after one warm-up update)")
+    p.add_argument("--model-dir", default=None, help="existing HF folder to use instead of a random Qwen2-0.5B shape")
+    return p.parse_args()
+
+
+def make_model(folder: str) -> str:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = Qwen2ForCausalLM(Qwen2Config(**SHAPE)).to(torch.bfloat16)
+    model.save_pretrained(folder)
+    del model
+    torch.cuda.empty_cache()
+    return folder
+
+
+def make_batch(args: argparse.Namespace, vocab: int) -> dict[str, torch.Tensor]:
+    """Left-padded prompts and right-padded responses of random lengths (3/4 to full), as a rollout returns."""
+    g = torch.Generator().manual_seed(0)
+    n, P, R = args.samples, args.prompt, args.response
+    ids = torch.randint(10, vocab - 10, (n, P + R), generator=g)
+    mask = torch.ones_like(ids)
+    resp_mask = torch.ones(n, R)
+    for i in range(n):
+        pad = int(torch.randint(0, P // 4 + 1, (1,), generator=g))
+        keep = int(torch.randint(3 * R // 4, R + 1, (1,), generator=g))
+        mask[i, :pad] = 0
+        mask[i, P + keep:] = 0
+        resp_mask[i, keep:] = 0
+    ids = ids * mask
+    return {"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(1) - 1).clamp(min=0),
+            "responses": ids[:, P:].clone(), "response_mask": resp_mask}
+
+
+def model_flops(arch, lengths: torch.Tensor) -> float:
+    h, f, L = arch.hidden_size, arch.ffn_hidden_size, arch.num_layers
+    d_q, d_kv = arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
+    per_layer = h * (d_q + 2 * d_kv) + d_q * h + 3 * h * f  # qkv, out proj, gate/up/down
+    n_matmul = L * per_layer + h * arch.vocab_size
+    tokens = float(lengths.sum())
+    attention = 6.0 * L * d_q * float((lengths.double() ** 2).sum())
+    return 6.0 * n_matmul * tokens + attention, n_matmul
+
+
+def build_actor(hf_dir: str, args: argparse.Namespace):
+    from hybridrl.adapters.megatron import parallel
+    from hybridrl.adapters.megatron.actor import MegatronActor
+    from hybridrl.config.schema.actor import ActorConfig, ModelConfig
+    from hybridrl.config.schema.common import MegatronConfig, OptimConfig
+    from hybridrl.config.validate import BatchPlan, ParallelLayout
+
+    parallel.ensure_process_group(timeout_s=600)
+    layout = ParallelLayout(world_size=1, tp=1, pp=1, cp=1, vpp=None, dp=1, sequence_parallel=False, dtype="bfloat16")
+    parallel.init_megatron(layout, seed=1)
+    cfg = ActorConfig(ppo_mini_batch_size=args.samples, ppo_micro_batch_size_per_gpu=args.micro,
+                      loss_agg_mode="token-mean", optim=OptimConfig(lr=1e-6, clip_grad=1.0, total_training_steps=100),
+                      megatron=MegatronConfig(use_distributed_optimizer=True, sequence_parallel=False, seed=1))
+    plan = BatchPlan(samples_per_step=args.samples, mini_batch_samples=args.samples, mini_batches_per_epoch=1,
+                     ppo_epochs=1, mini_batch_per_dp=args.samples, micro_batch_per_gpu=args.micro,
+                     grad_accum=args.samples // args.micro, use_dynamic_bsz=False, max_token_len_per_gpu=16384,
+                     forward_micro_batch_per_gpu=args.micro * 2, forward_max_token_len_per_gpu=16384)
+    return MegatronActor(ModelConfig(path=hf_dir), cfg, layout, plan)
+
+
+def timed(fn):
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    out = fn()
+    torch.cuda.synchronize()
+    return out, time.perf_counter() - start
+
+
+def main() -> None:
+    args = parse()
+    from hybridrl.protocol import DataProto
+
+    workdir = tempfile.mkdtemp(prefix="train_bench_")
+    hf_dir = args.model_dir or make_model(workdir)
+    (actor, build_s) = timed(lambda: build_actor(hf_dir, args))
+    batch = make_batch(args, actor.arch.vocab_size)
+    data = DataProto.from_dict(batch, meta_info={"temperature": 1.0})
+    out, logprob_s = timed(lambda: actor.compute_log_prob(data))
+    data.batch["old_log_probs"] = out.batch["log_probs"]
+    data.batch["advantages"] = torch.randn(batch["responses"].shape) * batch["response_mask"]
+    actor.update_policy(data)  # warm-up (allocator, first-call kernels)
+    torch.cuda.reset_peak_memory_stats()
+    seconds = []
+    for _ in range(args.updates):
+        metrics, s = timed(lambda: actor.update_policy(data))
+        seconds.append(s)
+    peak = torch.cuda.max_memory_allocated()
+    off = actor.offload(params=True, grads=True, optimizer=True)
+    on = actor.onload(params=True, grads=True, optimizer=True)
+
+    lengths = batch["attention_mask"].sum(1)
+    flops, n_matmul = model_flops(actor.arch, lengths)
+    update_s = sum(seconds) / len(seconds)
+    tokens = int(lengths.sum())
+    result = {
+        "command": "python " + " ".join(sys.argv),
+        "device": torch.cuda.get_device_name(),
+        "date": datetime.date.today().isoformat(),
+        "metrics": {
+            "train_mfu": flops / update_s / PEAK_FLOPS,
+            "update_tokens_per_s": tokens / update_s,
+            "update_seconds": update_s,
+            "logprob_tokens_per_s": tokens / logprob_s,
+            "peak_memory_gib": peak / 2**30,
+            "offload_seconds": off.seconds,
+            "offload_bytes": off.total_bytes,
+            "offload_params_bytes": off.params_bytes,
+            "offload_grads_bytes": off.grads_bytes,
+            "offload_optimizer_bytes": off.optimizer_bytes,
+            "onload_seconds": on.seconds,
+            "onload_bytes": on.total_bytes,
+            "build_and_import_seconds": build_s,
+            "tokens_per_update": tokens,
+            "matmul_params": n_matmul,
+            "last_grad_norm": metrics["actor/grad_norm"],
+        },
+        "setup": {"samples": args.samples, "prompt": args.prompt, "response": args.response, "micro": args.micro,
+                  "model": "Qwen2.5-0.5B shape, random bf16" if not args.model_dir else args.model_dir,
+                  "layout": "tp=1 pp=1 dp=1, distributed optimizer, local layer spec (no transformer-engine)",
+                  "mfu_formula": "(6*N*tokens + 6*L*d_attn*sum(s_i^2)) / (update_seconds * 989e12)"},
+    }
+    print(json.dumps(result, indent=2))
+    print("MFU = (6 * N * tokens + 6 * L * d_attn * sum_i s_i^2) / (seconds * 989e12); "
+          f"N={n_matmul:,}, tokens={tokens:,}, seconds={update_s:.3f}")
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=2)
+    torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
