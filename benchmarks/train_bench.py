@@ -170,7 +170,34 @@ def main() -> None:
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2)
+    write_summary(os.path.splitext(args.out)[0] + ".md", result)
     torch.distributed.destroy_process_group()
+
+
+def write_summary(path: str, result: dict) -> None:
+    """The short NAME.md that DEVELOPERS.md asks for next to each result."""
+    m, s = result["metrics"], result["setup"]
+    lines = [
+        "# train_bench: megatron-core PPO update on one GPU",
+        "",
+        f"`{result['command']}` on {result['device']}, {result['date']}.",
+        "",
+        f"Model: {s['model']}; {s['layout']}. One update = {s['samples']} samples (prompt <= {s['prompt']}, "
+        f"response <= {s['response']} tokens, random lengths), micro-batches of {s['micro']}, one optimizer step.",
+        "",
+        f"- update: {m['update_tokens_per_s']:,.0f} tokens/s ({m['update_seconds']:.2f} s for {m['tokens_per_update']:,} "
+        f"valid tokens); log-prob forward: {m['logprob_tokens_per_s']:,.0f} tokens/s",
+        f"- train_mfu: {m['train_mfu']:.3f} = {s['mfu_formula']} (N = {m['matmul_params']:,} matmul weights)",
+        f"- peak memory during updates: {m['peak_memory_gib']:.2f} GiB",
+        f"- offload: {m['offload_bytes'] / 2**30:.2f} GiB in {m['offload_seconds']:.3f} s "
+        f"(params {m['offload_params_bytes'] / 2**30:.2f}, grads {m['offload_grads_bytes'] / 2**30:.2f} released, "
+        f"optimizer {m['offload_optimizer_bytes'] / 2**30:.2f}); onload {m['onload_bytes'] / 2**30:.2f} GiB in "
+        f"{m['onload_seconds']:.3f} s",
+        "",
+        "Attention runs megatron's local (unfused) implementation: no transformer-engine on the host.",
+    ]
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -107,6 +107,7 @@ def test_resume_same_layout_reproduces_uninterrupted_run(reference):
     r = reference["resume"]
     assert_same_metrics(r["resumed"], r["uninterrupted"], ACTOR_KEYS + ["actor/lr"], "resumed update 2")
     assert r["resumed"]["actor/pg_loss"] != r["first"]["actor/pg_loss"]  # the update changed the model
+    assert_same_metrics(r["critic_resumed"], r["critic_uninterrupted"], CRITIC_KEYS, "resumed critic update 2")
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))

@@ -187,7 +187,17 @@ def run_resume_same_layout(args, layout) -> dict:
     fresh = MegatronActor(model, actor_cfgs(args, args.micro, args.dynamic, do), layout, plan)
     fresh.load_checkpoint(ckpt)
     resumed = fresh.update_policy(data)
-    return {"first": first, "uninterrupted": second, "resumed": resumed}
+    # The critic (value head, its own checkpoint) the same way.
+    from hybridrl.adapters.megatron.critic import MegatronCritic
+
+    critic = MegatronCritic(critic_cfg(args, args.micro, args.dynamic, do), layout, plan)
+    critic.update_critic(data)
+    critic.save_checkpoint(ckpt + "_critic")
+    critic_second = critic.update_critic(data)
+    critic_fresh = MegatronCritic(critic_cfg(args, args.micro, args.dynamic, do), layout, plan)
+    critic_fresh.load_checkpoint(ckpt + "_critic")
+    return {"first": first, "uninterrupted": second, "resumed": resumed,
+            "critic_uninterrupted": critic_second, "critic_resumed": critic_fresh.update_critic(data)}
 
 
 def main() -> None:
