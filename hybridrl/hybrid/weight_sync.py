@@ -34,6 +34,8 @@ from hybridrl.adapters.base import ActorModel
 from hybridrl.protocol import DataProto
 from hybridrl.rollout.base import RolloutEngine, SamplingParams
 
+from hybridrl.utils.device import device_memory_used
+
 from .checks import SentChecksums, WeightSyncError, compare_checksums
 from .plan import ReshardPlan
 
@@ -99,6 +101,7 @@ class WeightSync:
             metrics["offload/params_bytes"] = float(self.actor.offload(params=True, grads=False, optimizer=False).params_bytes)
             self._offloaded["params"] = True
         self.engine.wake_up(["kv_cache"])
+        metrics["memory/rollout_used_bytes"] = float(device_memory_used())  # the rollout phase's peak footprint
         return metrics
 
     def release(self) -> dict[str, float]:

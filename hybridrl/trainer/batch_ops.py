@@ -85,12 +85,20 @@ def advantages(batch: DataProto, estimator: str, params: AdvantageParams,
     return batch.union(DataProto.from_dict({"advantages": out.advantages, "returns": out.returns}))
 
 
-def validation_metrics(sources: list[str], scores: list[float], n: int, lengths: list[int]) -> dict[str, float]:
-    """verl's val-core/{data_source}/reward/mean@n per source, plus val/score (all sources) and lengths."""
+def validation_metrics(sources: list[str], scores: list[float], n: int, lengths: list[int],
+                       extras: Optional[dict[str, list]] = None) -> dict[str, float]:
+    """verl's val-core/{data_source}/reward/mean@n per source (val-aux/{data_source}/{key}/mean@n for the
+    numeric extras a reward function returns, e.g. acc), plus val/score over all sources and lengths."""
     by_source: dict[str, list[float]] = defaultdict(list)
     for s, x in zip(sources, scores):
         by_source[str(s)].append(float(x))
     metrics = {f"val-core/{s}/reward/mean@{n}": float(np.mean(v)) for s, v in sorted(by_source.items())}
+    for key, values in (extras or {}).items():
+        grouped: dict[str, list[float]] = defaultdict(list)
+        for s, v in zip(sources, values):
+            if isinstance(v, (int, float, bool, np.number)) and not isinstance(v, str):
+                grouped[str(s)].append(float(v))
+        metrics.update({f"val-aux/{s}/{key}/mean@{n}": float(np.mean(v)) for s, v in sorted(grouped.items())})
     metrics["val/score"] = float(np.mean(scores)) if scores else math.nan
     metrics["val/response_length/mean"] = float(np.mean(lengths)) if lengths else math.nan
     return metrics

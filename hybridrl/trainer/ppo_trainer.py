@@ -136,6 +136,7 @@ class PPOTrainer:
 
     def validate(self) -> dict[str, float]:
         sources, scores, lengths = [], [], []
+        extras: dict[str, list] = {}
         n = self.cfg.actor_rollout_ref.rollout.val_kwargs.n
         for prompts in self.p.val_batches():
             prompts.meta_info.update(step=self.global_step, validate=True)
@@ -145,8 +146,10 @@ class PPOTrainer:
             scores += result.reward_tensor.sum(-1).tolist()
             sources += list(out.non_tensor_batch[self.cfg.data.reward_fn_key])
             lengths += out.batch["response_mask"].sum(-1).tolist()
+            for key, values in result.reward_extra_info.items():
+                extras.setdefault(key, []).extend(values)
             self.p.dump_generations(out, result)
-        return ops.validation_metrics(sources, scores, n, lengths)
+        return ops.validation_metrics(sources, scores, n, lengths, extras)
 
 
 def run_ppo(run: RunConfig) -> dict[str, Any]:

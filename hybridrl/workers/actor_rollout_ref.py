@@ -14,6 +14,7 @@ from typing import Any, Optional
 from hybridrl.config import RunConfig
 from hybridrl.controller import Dispatch, Worker, register, register_mesh_dispatch_mode
 from hybridrl.protocol import DataProto
+from hybridrl.utils.device import device_memory_used
 from hybridrl.utils.imports import load_object
 
 from .common import load_tokenizer_for, setup_process
@@ -50,6 +51,7 @@ class ActorRolloutRefWorker(Worker):
         self.sync: Any = None
         self.plan: Any = None
         self.sync_count = 0
+        self.engine_memory: dict[str, int] = {}
 
     # ------------------------------------------------------------------ setup
     @register(Dispatch.ONE_TO_ALL)
@@ -74,16 +76,21 @@ class ActorRolloutRefWorker(Worker):
         self._declare_meshes()
         # The engine measures free memory when it starts: give it the memory training state holds.
         self.actor.offload(params=True, grads=True, optimizer=True)
+        before = device_memory_used()
         self.engine = build_engine(
             d.rollout.engine, self.model_dir, ara.rollout, tp_g=d.rollout.tp, tokenizer=tokenizer,
             hf_config=hf_config, device=device, trust_remote_code=ara.model.trust_remote_code,
             max_model_len=run.cfg.data.max_prompt_length + run.cfg.data.max_response_length,
         )
+        awake = device_memory_used()
         self.engine.sleep()
+        asleep = device_memory_used()
+        self.engine_memory = {"before_engine_bytes": before, "engine_awake_bytes": awake, "engine_asleep_bytes": asleep}
         self.actor.onload(params=True, grads=True, optimizer=True)
         self.sync = WeightSync(self.actor, self.engine, SyncOptions.from_config(ara.rollout, ara.actor.megatron),
                                self.plan)
-        return {"rank": self.rank, "seconds": time.perf_counter() - start, "plan": self.plan.describe()}
+        return {"rank": self.rank, "seconds": time.perf_counter() - start, "plan": self.plan.describe(),
+                **self.engine_memory}
 
     def _declare_meshes(self) -> None:
         info = self.actor.dispatch_info()

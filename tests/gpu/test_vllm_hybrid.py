@@ -1,0 +1,52 @@
+"""vLLM inside the hybrid engine on one GPU: weights synced from the Megatron actor, rollout log-probs vs the
+actor's recomputation, sleep freeing the engine's memory, the sync checksums. Skipped without CUDA or vLLM."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+    pytest.importorskip("vllm")
+    import hybrid_bench as hb
+
+    hb.SHAPE.update(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
+                    num_key_value_heads=2, vocab_size=32000)
+    model_dir = hb.make_model(str(tmp_path_factory.mktemp("qwen2_small")))
+    args = argparse.Namespace(prompts=32, prompt_len=32, max_tokens=32, syncs=2, gpu_util=0.3, eager=True,
+                              cpu_dry_run=False)
+    return hb.hybrid_run(args, model_dir)
+
+
+@pytest.mark.timeout(600)
+def test_rollout_log_probs_match_the_actor(result):
+    assert result["gap"]["rollout_vs_actor/logprob_abs_diff_mean"] < 0.02, result["gap"]
+
+
+@pytest.mark.timeout(600)
+def test_sleep_frees_most_of_the_engine_memory(result):
+    assert result["sleep_freed_fraction"] >= 0.9, result["memory"]
+
+
+@pytest.mark.timeout(600)
+def test_sync_moves_the_whole_model(result):
+    from safetensors import safe_open
+
+    expected = 0
+    with safe_open(os.path.join(result["model_dir"], "model.safetensors"), "pt") as f:
+        for name in f.keys():
+            t = f.get_slice(name)
+            n = 1
+            for d in t.get_shape():
+                n *= d
+            expected += 2 * n  # bf16
+    assert result["sync_bytes"] == expected
+    assert result["gen_tokens"] == 32 * 32  # ignore_eos: every prompt generates max_tokens
