@@ -22,7 +22,7 @@ from hybridrl.config.schema.actor import ActorConfig, ModelConfig, RefConfig
 from hybridrl.config.validate import BatchPlan, ParallelLayout
 from hybridrl.protocol import DataProto
 
-from .batching import micro_batches, mini_batch_rows
+from .batching import mini_batch_rows
 from .forward import MicroBatch, response_log_probs
 from .role import MegatronRole
 
@@ -67,7 +67,7 @@ class MegatronActor(MegatronRole, ActorModel):
     # ---------------------------------------------------------------------------------- log-probs
     def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False) -> DataProto:
         temperature = float(data.meta_info.get("temperature", 1.0))
-        mbs = micro_batches(data, [], self._fwd_rows, self._fwd_tokens, self._mb_multiple())
+        mbs = self._micro_batches(data, [], self._fwd_rows, self._fwd_tokens)
         vocab = self.arch.vocab_size
 
         def loss_fn(out: torch.Tensor, mb: MicroBatch):
@@ -96,8 +96,8 @@ class MegatronActor(MegatronRole, ActorModel):
             seed = self._shuffle_seed(epoch)
             for rows in mini_batch_rows(len(data), plan.mini_batch_per_dp, seed):
                 mini = data[rows]
-                mbs = micro_batches(mini, keys, plan.micro_batch_per_gpu,
-                                    plan.max_token_len_per_gpu if plan.use_dynamic_bsz else None, self._mb_multiple())
+                mbs = self._micro_batches(mini, keys, plan.micro_batch_per_gpu,
+                                          plan.max_token_len_per_gpu if plan.use_dynamic_bsz else None)
                 loss_fn = self._loss_fn(mini, temperature)
                 per_micro, grad_norm, applied = self.engine.train_step(mbs, loss_fn)
                 history.append(self._rank_metrics(per_micro, METRICS) + [grad_norm, float(applied)])

@@ -108,14 +108,20 @@ class ValueHead(torch.nn.Module):
     so every rank starts with the same weights when the HF folder has no `score.weight`.
     """
 
-    def __init__(self, hidden_size: int, dtype: torch.dtype, init_std: float, seed: int) -> None:
+    def __init__(self, hidden_size: int, dtype: torch.dtype, init_std: float, seed: int,
+                 sequence_parallel: bool = False) -> None:
         super().__init__()
+        self.sequence_parallel = sequence_parallel
         gen = torch.Generator().manual_seed(seed)
         weight = torch.randn(1, hidden_size, generator=gen, dtype=torch.float32) * init_std
         self.weight = torch.nn.Parameter(weight.to(device=compat.device(), dtype=dtype))
 
     def forward(self, hidden: torch.Tensor, weight: Any = None, runtime_gather_output: Any = None):
         # Same call signature and (output, bias) return as the vocab projection it replaces.
+        if self.sequence_parallel:  # hidden is this rank's sequence shard: values are needed everywhere
+            from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
+
+            hidden = gather_from_sequence_parallel_region(hidden)
         return F.linear(hidden, self.weight), None
 
 
@@ -154,7 +160,8 @@ def build_model(arch: ModelArch, layout: ParallelLayout, *, value_head: bool = F
         )
         _apply_llama3_rope(model, arch)
         if value_head and post:
-            model.output_layer = ValueHead(arch.hidden_size, config.params_dtype, init_std, seed)
+            model.output_layer = ValueHead(arch.hidden_size, config.params_dtype, init_std, seed,
+                                           config.sequence_parallel)
         model.to(compat.device())
         if config.bf16 or config.fp16:
             model = Float16Module(config, model)

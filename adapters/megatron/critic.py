@@ -14,7 +14,7 @@ from hybridrl.config.validate import BatchPlan, ParallelLayout
 from hybridrl.protocol import DataProto
 
 from .actor import NORMALISER, global_counts
-from .batching import micro_batches, mini_batch_rows
+from .batching import mini_batch_rows
 from .forward import MicroBatch, gather_response
 from .role import MegatronRole
 
@@ -41,8 +41,8 @@ class MegatronCritic(MegatronRole, CriticModel):
 
     def compute_values(self, data: DataProto) -> DataProto:
         plan = self.batch
-        mbs = micro_batches(data, [], plan.forward_micro_batch_per_gpu,
-                            plan.forward_max_token_len_per_gpu if plan.use_dynamic_bsz else None, self._mb_multiple())
+        mbs = self._micro_batches(data, [], plan.forward_micro_batch_per_gpu,
+                                  plan.forward_max_token_len_per_gpu if plan.use_dynamic_bsz else None)
 
         def loss_fn(out: torch.Tensor, mb: MicroBatch):
             values = response_values(out, mb)
@@ -64,8 +64,8 @@ class MegatronCritic(MegatronRole, CriticModel):
             seed = self._shuffle_seed(epoch)
             for rows in mini_batch_rows(len(data), plan.mini_batch_per_dp, seed):
                 mini = data[rows]
-                mbs = micro_batches(mini, keys, plan.micro_batch_per_gpu,
-                                    plan.max_token_len_per_gpu if plan.use_dynamic_bsz else None, self._mb_multiple())
+                mbs = self._micro_batches(mini, keys, plan.micro_batch_per_gpu,
+                                          plan.max_token_len_per_gpu if plan.use_dynamic_bsz else None)
                 per_micro, grad_norm, applied = self.engine.train_step(mbs, self._loss_fn(mini))
                 history.append(self._rank_metrics(per_micro, METRICS) + [grad_norm])
         n = len(history)

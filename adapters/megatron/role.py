@@ -13,6 +13,7 @@ from hybridrl.config.schema.common import MegatronConfig, OptimConfig
 from hybridrl.config.validate import ParallelLayout
 
 from . import checkpoint, offload, parallel
+from .batching import micro_batches
 from .builder import build_model
 from .engine import Engine, broadcast_from_last_stage, sum_over_dp
 from .hf_config import arch_from_hf, load_hf_config
@@ -84,6 +85,12 @@ class MegatronRole:
     def _mb_multiple(self) -> int:
         """The interleaved pipeline schedule needs a multiple of pp micro-batches."""
         return self.layout.pp if self.layout.vpp else 1
+
+    def _micro_batches(self, data, keys: list[str], max_rows: Optional[int], max_tokens: Optional[int]):
+        """Micro-batches for this layout; under sequence parallelism (transformer-engine only) megatron
+        splits the sequence over tp, so lengths are rounded to a multiple of tp."""
+        seq_multiple = self.layout.tp if self.engine.config.sequence_parallel else 1
+        return micro_batches(data, keys, max_rows, max_tokens, self._mb_multiple(), seq_multiple)
 
     def _rank_metrics(self, per_micro: list[dict[str, torch.Tensor]], names: list[str]) -> list[float]:
         """Sum weighted per-micro-batch metrics on the last stage, then over dp; same values on every rank."""
