@@ -1,13 +1,19 @@
 """megatron-core backend of the ActorModel / CriticModel interface (see ../base.py).
 
-Public API (what the workers, the rollout sync and the CLIs use):
-    parallel.init_megatron(layout, seed, timeout_s)   megatron groups on an initialised torch.distributed
-    parallel.dispatch_info() / destroy_megatron()
-    MegatronActor(model_cfg, actor_cfg, layout, batch_plan, total_training_steps=...)   the policy
-    MegatronActor.reference(model_cfg, ref_cfg, layout, micro_batch)                   frozen reference
-    MegatronCritic(critic_cfg, layout, batch_plan, total_training_steps=...)           value model
-    weights.export_hf_weights(chunks, arch, layout, bucket_bytes) -> Iterator[[(hf_name, tensor)]]
-    checkpoint.save(path, role) / checkpoint.load(path, role)
+Modules (one concern each):
+    compat       the ONLY place with CPU shims (gloo + fp32 without CUDA); device helpers
+    parallel     init_megatron / dispatch_info / destroy_megatron on an initialised torch.distributed
+    hf_config    HF config -> ModelArch (llama, qwen2, mistral, qwen3); errors name the config field
+    builder      ModelArch + layout -> GPTModel chunks (local or transformer-engine spec), ValueHead, DDP
+    mapping      THE HF <-> Megatron weight mapping (fused QKV per group, fused gate/up, vocab padding, pp/vpp)
+    weights      load_hf_weights (import) and export_hf_weights (collective, bucketed export)
+    forward      verl batch -> re-aligned micro-batches; vocab-parallel log-probs and entropy
+    batching     mini-/micro-batch splitting (fixed size or token-packed)
+    engine       schedules (1F1B under PP), optimizer, LR schedule, exact loss scaling contract
+    role/actor/critic   MegatronActor (policy, or reference without optimizer), MegatronCritic
+    offload      params/grads/optimizer to pinned host memory and back (GPU)
+    checkpoint   dist_checkpointing save/load across layouts, meta.json, RNG
+
 Imports are lazy so `import hybridrl.adapters.megatron` does not pull in megatron-core.
 """
 from __future__ import annotations

@@ -119,9 +119,8 @@ class MegatronActor(MegatronRole, ActorModel):
         def loss_fn(out: torch.Tensor, mb: MicroBatch):
             x = mb.extras
             mask = x["response_mask"]
-            logp, ent = response_log_probs(out, mb, vocab, temperature, with_entropy=True)
-            if cfg.entropy_coeff == 0:
-                ent = ent.detach()
+            logp, ent = response_log_probs(out, mb, vocab, temperature, with_entropy=True,
+                                           entropy_grad=cfg.entropy_coeff != 0)
             w_tok = float(mask.sum()) / max(tokens, 1.0)
             w = {"tokens": w_tok, "rows": mask.shape[0] / max(rows, 1.0), "none": 1.0}[normaliser]
             is_w = (tis_weights(x["old_log_probs"], x["rollout_log_probs"], cfg.tis_imp_ratio_cap)

@@ -112,10 +112,11 @@ def vocab_parallel_entropy(z: torch.Tensor) -> torch.Tensor:
 
 
 def response_log_probs(logits: torch.Tensor, mb: MicroBatch, vocab_size: int, temperature: float,
-                       with_entropy: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+                       with_entropy: bool, entropy_grad: bool = True) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Log-probs [b, R] of the response tokens (and entropy [b, R]) at `temperature`, vocab-parallel.
 
     logits: this tp rank's [b, L, V/tp]. Outputs are 0 at positions outside the attention mask.
+    entropy_grad=False computes the entropy as a metric only (no autograd graph over [b, R, V/tp]).
     """
     from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 
@@ -123,7 +124,10 @@ def response_log_probs(logits: torch.Tensor, mb: MicroBatch, vocab_size: int, te
     if temperature != 1.0:
         z = z / temperature  # exactly what the rollout samples from: softmax(logits / T)
     z = mask_vocab_padding(z, vocab_size)
-    entropy = vocab_parallel_entropy(z) if with_entropy else None
+    entropy = None
+    if with_entropy:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            entropy = vocab_parallel_entropy(z if entropy_grad else z.detach())
     # megatron's cross entropy subtracts the max from its input in place: hand it its own copy.
     logp = -vocab_parallel_cross_entropy(z.clone() if with_entropy else z, mb.responses)
     valid = mb.resp_valid
