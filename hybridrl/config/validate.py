@@ -180,6 +180,9 @@ def _layout(key: str, m: MegatronConfig, world: int, device: str, p: _Problems) 
     vpp = m.virtual_pipeline_model_parallel_size
     p.check(vpp is None or (vpp >= 1 and pp > 1),
             f"{key}.virtual_pipeline_model_parallel_size={vpp} needs pipeline_model_parallel_size > 1 (got {pp}); set it to null")
+    p.check(cp == 1, f"{key}.context_parallel_size={cp}: context parallelism is not supported yet; set it to 1")
+    p.check(vpp is None, f"{key}.virtual_pipeline_model_parallel_size={vpp}: interleaved pipeline training is not "
+                         "supported yet (forward passes are); set it to null")
     p.check(m.expert_model_parallel_size == 1,
             f"{key}.expert_model_parallel_size={m.expert_model_parallel_size}: mixture-of-experts models are not supported yet; set it to 1")
     p.check(m.dtype in ("bfloat16", "float16", "float32"), f"{key}.dtype={m.dtype!r} is not one of bfloat16, float16, float32")
@@ -282,7 +285,6 @@ def _batch_plan(key: str, role: Any, dp: int, n: int, cfg: PPOConfig, p: _Proble
                    f"{key}.ppo_micro_batch_size_per_gpu={micro} does not divide the per-rank mini-batch of {per_dp} samples "
                    f"(ppo_mini_batch_size*rollout.n/dp = {mini}*{n}/{dp}); e.g. set it to {_divisor_near(per_dp, micro)}"):
             accum = per_dp // micro
-            _check_interleaved(key, role, accum, micro, per_dp, p)
     p.check(role.ppo_epochs >= 1, f"{key}.ppo_epochs={role.ppo_epochs} must be >= 1")
     fwd = _micro(forward_key, forward_global, forward_per_gpu, dp, p, *forward_names)
     if fwd is None and not role.use_dynamic_bsz:
@@ -302,20 +304,6 @@ def _batch_plan(key: str, role: Any, dp: int, n: int, cfg: PPOConfig, p: _Proble
         forward_micro_batch_per_gpu=fwd,
         forward_max_token_len_per_gpu=forward_max_tokens,
     )
-
-
-def _check_interleaved(key: str, role: Any, accum: int, micro: int, per_dp: int, p: _Problems) -> None:
-    """megatron-core's interleaved (virtual pipeline) schedule runs micro-batches in groups of pp."""
-    m = role.megatron
-    vpp, pp = m.virtual_pipeline_model_parallel_size, m.pipeline_model_parallel_size
-    if not vpp or pp <= 1 or accum % pp == 0:
-        return
-    good = [d for d in range(1, per_dp + 1) if per_dp % d == 0 and (per_dp // d) % pp == 0]
-    hint = f"; e.g. ppo_micro_batch_size_per_gpu={max(good)}" if good else ""
-    p.errors.append(f"{key}.ppo_micro_batch_size_per_gpu={micro} gives {accum} micro-batches per optimizer step "
-                    f"({per_dp} samples per rank); the interleaved pipeline schedule ({key}.megatron."
-                    f"virtual_pipeline_model_parallel_size={vpp}) runs them in groups of pipeline_model_parallel_size={pp} "
-                    f"and needs a multiple of it{hint}")
 
 
 def _divisor_near(n: int, want: int) -> int:

@@ -66,13 +66,18 @@ def _schema(rows: Sequence[dict[str, Any]]) -> pa.Schema:
             if k not in seen:
                 seen.add(k)
                 extra_fields.append(pa.field(k, _arrow_type(v)))
-    return pa.schema([
+    fields = [
         pa.field("data_source", pa.string()),
         pa.field("prompt", pa.list_(pa.struct([pa.field("role", pa.string()), pa.field("content", pa.string())]))),
         pa.field("ability", pa.string()),
         pa.field("reward_model", pa.struct([pa.field("style", pa.string()), pa.field("ground_truth", pa.string())])),
         pa.field("extra_info", pa.struct(extra_fields)),
-    ])
+    ]
+    # any other column the rows carry (e.g. main_generation's `responses`) is kept, its type inferred
+    known = {f.name for f in fields}
+    others = list(dict.fromkeys(k for r in rows for k in r if k not in known))
+    fields += [pa.field(k, pa.infer_type([r.get(k) for r in rows])) for k in others]
+    return pa.schema(fields)
 
 
 def _arrow_type(v: Any) -> pa.DataType:

@@ -83,27 +83,6 @@ def shape_problems(run: RunConfig, shape: ModelShape) -> list[Problem]:
     return out
 
 
-def schedule_problems(run: RunConfig) -> list[Problem]:
-    """megatron-core's interleaved schedule (vpp) runs micro-batches in groups of pp: M must be a multiple of pp."""
-    a, d = run.derived.actor, run.derived
-    if not a.vpp or a.pp < 2:
-        return []
-    out = []
-    for role, batch in ((f"{ARA}.actor", d.actor_batch), ("critic", d.critic_batch if d.use_critic else None)):
-        if batch is None or batch.grad_accum is None:
-            continue
-        m, per_dp = batch.micro_batch_per_gpu, batch.mini_batch_per_dp
-        if batch.grad_accum % a.pp == 0:
-            continue
-        fits = [k for k in _divisors(per_dp) if (per_dp // k) % a.pp == 0]
-        hint = f"e.g. {min(fits, key=lambda k: (abs(k - m), k))}" if fits else f"no micro-batch size makes {per_dp} samples work"
-        out.append(Problem(f"{role}.ppo_micro_batch_size_per_gpu",
-                           f"{role}.ppo_micro_batch_size_per_gpu={m} gives {batch.grad_accum} micro-batches per optimizer "
-                           f"step ({per_dp} samples per rank); the interleaved pipeline schedule ({VPP}={a.vpp}) runs "
-                           f"them in groups of {PP}={a.pp} and needs a multiple of it; {hint}"))
-    return out
-
-
 def shape_notes(run: RunConfig, shape: ModelShape) -> list[str]:
     a, b, cfg = run.derived.actor, run.derived.actor_batch, run.cfg
     notes = []

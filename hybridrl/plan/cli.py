@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 from hybridrl.config import ConfigError, load_config, validate
 from hybridrl.config.cli import parse_command_line
 
-from .checks import Problem, fit_problems, schedule_problems, shape_notes, shape_problems
+from .checks import Problem, fit_problems, shape_notes, shape_problems
 from .estimate import estimate
 from .memory import GiB
 from .model_shape import KNOWN_CONFIGS, ModelShapeError, resolve
@@ -70,7 +70,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ModelShapeError as e:
         return _refuse([Problem(None, str(e))], args.json, gpu_bytes, run)
     plan = estimate(run, shape, gpu_bytes, int(args.overhead_gb * GiB), critic_shape)
-    problems = shape_problems(run, shape) + schedule_problems(run) + fit_problems(plan, run, shape)
+    problems = shape_problems(run, shape) + fit_problems(plan, run, shape)
     notes = shape_notes(run, shape)
     if args.json:
         print(json.dumps(to_json_dict(run, shape, plan, problems, notes, gpu_bytes), indent=2))

@@ -9,8 +9,13 @@ from .base import RolloutEngine, eos_token_ids
 
 
 def build_engine(engine: str, model_dir: str, rollout_cfg: Any, *, tp_g: int, tokenizer: Any, hf_config: Any,
-                 device: torch.device, max_model_len: int, trust_remote_code: bool = False) -> RolloutEngine:
-    """"torch": the built-in engine (CPU default; on GPU too for debugging); "vllm": vllm.LLM in this process."""
+                 device: torch.device, max_model_len: int, trust_remote_code: bool = False,
+                 load_format: str = "dummy") -> RolloutEngine:
+    """"torch": the built-in engine (CPU default; on GPU too for debugging); "vllm": vllm.LLM in this process.
+
+    load_format "dummy": the engine starts on placeholder weights the actor replaces at every sync (the
+    hybrid engine); "auto": vLLM reads model_dir's weights itself (standalone generation). The torch engine
+    is always filled through load_weights."""
     if engine == "torch":
         from .torch_engine import TorchRolloutEngine
 
@@ -24,5 +29,6 @@ def build_engine(engine: str, model_dir: str, rollout_cfg: Any, *, tp_g: int, to
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         return VLLMRolloutEngine.from_config(model_dir, rollout_cfg, tp_g=tp_g, pad_token_id=pad,
                                              eos_token_ids=eos_token_ids(tokenizer, hf_config),
-                                             max_model_len=max_model_len, trust_remote_code=trust_remote_code)
+                                             max_model_len=max_model_len, trust_remote_code=trust_remote_code,
+                                             load_format=load_format)
     raise ValueError(f"actor_rollout_ref.rollout.name={engine!r}: unknown engine; use torch or vllm")

@@ -49,6 +49,7 @@ class VLLMRolloutEngine(RolloutEngine):
         pad_token_id: int = 0,
         eos_token_ids: tuple[int, ...] = (),
         trust_remote_code: bool = False,
+        load_format: str = "dummy",
         engine_kwargs: Optional[dict[str, Any]] = None,
     ) -> None:
         if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
@@ -67,7 +68,7 @@ class VLLMRolloutEngine(RolloutEngine):
             tensor_parallel_size=tp_size,
             distributed_executor_backend="external_launcher",
             dtype=dtype,
-            load_format="dummy",
+            load_format=load_format,
             enable_sleep_mode=True,
             gpu_memory_utilization=gpu_memory_utilization,
             max_model_len=max_model_len,
@@ -91,7 +92,7 @@ class VLLMRolloutEngine(RolloutEngine):
     @classmethod
     def from_config(cls, model_dir: str, rollout_cfg: Any, *, tp_g: int, pad_token_id: int,
                     eos_token_ids: tuple[int, ...], max_model_len: int,
-                    trust_remote_code: bool = False) -> "VLLMRolloutEngine":
+                    trust_remote_code: bool = False, load_format: str = "dummy") -> "VLLMRolloutEngine":
         """From actor_rollout_ref.rollout (its engine_kwargs.vllm pass through to vllm.LLM)."""
         r = rollout_cfg
         return cls(
@@ -100,6 +101,7 @@ class VLLMRolloutEngine(RolloutEngine):
             max_num_batched_tokens=r.max_num_batched_tokens, enforce_eager=r.enforce_eager,
             enable_chunked_prefill=r.enable_chunked_prefill, enable_prefix_caching=r.enable_prefix_caching,
             seed=r.seed, pad_token_id=pad_token_id, eos_token_ids=eos_token_ids, trust_remote_code=trust_remote_code,
+            load_format=load_format,
             engine_kwargs=dict((r.engine_kwargs or {}).get("vllm", {}) or {}),
         )
 

@@ -56,6 +56,19 @@ def materialize_hf_dir(path: str, gguf_file: Optional[str] = None, cache_dir: Op
     return out
 
 
+def iter_hf_weights(model_dir: str):
+    """(name, tensor) of every weight in the folder's *.safetensors files, one file open at a time."""
+    from safetensors import safe_open
+
+    files = sorted(glob.glob(os.path.join(model_dir, "*.safetensors")))
+    if not files:
+        raise FileNotFoundError(f"{model_dir}: no *.safetensors weights")
+    for path in files:
+        with safe_open(path, "pt") as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)
+
+
 def _dequantize(gguf: str, out: str) -> None:
     try:
         import gguf as _  # noqa: F401  transformers needs it to read GGUF

@@ -93,9 +93,10 @@ BAD = [
     (["trainer.n_gpus_per_node=2", "trainer.nnodes=2", "actor_rollout_ref.rollout.tensor_model_parallel_size=4"],
      "a colocated rollout replica must fit in one node; use at most 2"),
     (["trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
-      "actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size=2",
-      "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64"],
-     "runs them in groups of pipeline_model_parallel_size=2 and needs a multiple of it; e.g. ppo_micro_batch_size_per_gpu=32"),
+      "actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size=2"],
+     "interleaved pipeline training is not supported yet"),
+    (["trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.megatron.context_parallel_size=2"],
+     "context parallelism is not supported yet"),
 ]
 
 

@@ -5,6 +5,7 @@ from .common import CheckpointConfig, CustomClsConfig, Link, MegatronConfig, Opt
 from .critic import CriticConfig, CriticModelConfig, CustomRewardFunctionConfig, RewardModelConfig
 from .data import DataConfig
 from .evaluation import EvalConfig  # noqa: F401  main_eval's schema (not a section of PPOConfig)
+from .generation import GenerationConfig  # noqa: F401  main_generation's schema
 from .rollout import RolloutConfig, SamplingConfig, SyncCheckConfig
 from .root import ActorRolloutRefConfig, PPOConfig
 from .trainer import RayKwargsConfig, TrainerConfig
