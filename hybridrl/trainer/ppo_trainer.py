@@ -51,10 +51,12 @@ class PPOTrainer:
             self.p.tracker.log(self.last_val, self.global_step)
         if t.val_only:
             return self.last_val
+        start = time.perf_counter()
         for prompts in self.p.batches(self.global_step):
             self.global_step += 1
             metrics = self.train_step(prompts, self.global_step)
-            last = self.global_step == self.p.total_steps
+            out_of_time = t.max_time_s is not None and time.perf_counter() - start > t.max_time_s
+            last = self.global_step == self.p.total_steps or out_of_time
             if t.test_freq > 0 and (self.global_step % t.test_freq == 0 or last):
                 self.last_val = self.validate()
                 self.first_val = self.first_val or self.last_val
@@ -63,6 +65,9 @@ class PPOTrainer:
                 metrics["timing_s/save_checkpoint"] = self.p.save(self.global_step)
             self.p.tracker.log(metrics, self.global_step)
             self.p.progress.update(self.global_step, metrics)
+            if out_of_time:
+                print(f"hybridrl: trainer.max_time_s={t.max_time_s} reached after step {self.global_step}", flush=True)
+                break
         return self.last_val
 
     def train_step(self, prompts: DataProto, step: int) -> dict[str, float]:

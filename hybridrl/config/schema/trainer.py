@@ -40,6 +40,8 @@ class TrainerConfig:
     worker_timeout_s: float = doc("A worker call that takes longer fails naming the rank and role.", 1800.0)
     dist_timeout_s: float = doc("torch.distributed (NCCL/gloo) collective timeout.", 600.0)
     on_nonfinite: str = doc("error | skip: what a NaN/Inf loss or grad norm does to the step.", "error")
+    max_time_s: Optional[float] = doc("Stop after the step that passes this many seconds of training (then the "
+                                      "final validation and checkpoint run); null: no limit.", None)
     seed: int = 1
     progress_bar: bool = True
     plot: bool = doc("Write a PNG of score, response length and KL at the end.", True)

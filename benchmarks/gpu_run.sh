@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# GPU host runs, one mode per device call (each must end inside 10 minutes); logs and results go under $OUT.
+#   stage: bash /tmp/b/unpack.sh /tmp/site (the offline bundle, DEVELOPERS.md) + the gguf wheel + the SmolLM2 file
+#   checks: tests/gpu (controller NCCL, megatron-core bf16, vLLM hybrid engine) + benchmarks/train_bench.py
+#   bench:  benchmarks/hybrid_bench.py (reshard, rollout vs standalone vLLM, plan vs measured)
+#   grpo:   GRPO on SmolLM2-135M-Instruct + gsm_symbolic for GRPO_TIME_S seconds, then grpo_report.py
+set -u
+MODE=${1:?usage: gpu_run.sh stage|checks|bench|grpo}
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT/results"
+export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 HF_HUB_OFFLINE=1 \
+       VLLM_ENABLE_V1_MULTIPROCESSING=0 HYBRIDRL_MODEL_CACHE=/tmp/mcache TOKENIZERS_PARALLELISM=false
+SMOL=/tmp/smol
+
+step() {  # step NAME TIMEOUT_S CMD...
+  local name=$1 t=$2; shift 2
+  local start=$SECONDS
+  timeout "$t" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "== $name rc=$rc $((SECONDS - start))s"
+  tail -n 8 "$OUT/$name.log"
+}
+
+case "$MODE" in
+  stage)
+    bash /tmp/b/unpack.sh /tmp/site > "$OUT/unpack.log" 2>&1; echo "unpack rc=$?"
+    python3 -m zipfile -e /tmp/b/gguf-*.whl /tmp/site
+    mkdir -p $SMOL && cat /tmp/b/g_* > $SMOL/SmolLM2-135M-Instruct.Q4_1.gguf && ls -la $SMOL
+    nvidia-smi -L
+    python3 -c "import torch, vllm, megatron.core, ray, gguf; print(torch.__version__, vllm.__version__, megatron.core.__version__, ray.__version__)"
+    ;;
+  checks)
+    step test_controller_gpu 150 python3 -m pytest -q -x tests/gpu/test_controller_gpu.py
+    step test_megatron_gpu 200 python3 -m pytest -q -x -s tests/gpu/test_megatron_gpu.py
+    step test_vllm_hybrid 200 python3 -m pytest -q -x -s tests/gpu/test_vllm_hybrid.py
+    step train_bench 150 python3 benchmarks/train_bench.py --out "$OUT/results/train_bench.json"
+    ;;
+  bench)
+    step hybrid_bench 420 python3 benchmarks/hybrid_bench.py --eager --out-dir "$OUT/results"
+    ;;
+  grpo)
+    T=${GRPO_TIME_S:-420}
+    CMD="python3 -m hybridrl.trainer.main_ppo --config-name grpo_smollm2_gsm8k actor_rollout_ref.model.path=$SMOL \
+trainer.default_local_dir=$OUT/grpo trainer.max_time_s=$T trainer.total_training_steps=1000 ${GRPO_ARGS:-}"
+    step grpo_smollm2 580 $CMD
+    python3 benchmarks/grpo_report.py --metrics "$OUT/grpo/logs/metrics.jsonl" --command "$CMD" \
+      --out "$OUT/results/grpo_smollm2.json" > "$OUT/grpo_report.log" 2>&1; tail -n 40 "$OUT/grpo_report.log"
+    ;;
+esac
