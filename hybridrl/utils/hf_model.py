@@ -87,7 +87,10 @@ def _dequantize(gguf: str, out: str) -> None:
     if getattr(model.config, "tie_word_embeddings", False):
         state.pop("lm_head.weight", None)  # safetensors refuses shared storage; HF re-ties on load
     save_file(state, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
-    model.config.save_pretrained(out)
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)  # the weights are dequantized: engines must not look for GGUF
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
     tokenizer.save_pretrained(out)
     with open(os.path.join(out, "source.json"), "w") as f:
         json.dump({"gguf": gguf}, f)
