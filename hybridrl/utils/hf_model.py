@@ -89,6 +89,7 @@ def _dequantize(gguf: str, out: str) -> None:
     save_file(state, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
     config = model.config.to_dict()
     config.pop("quantization_config", None)  # the weights are dequantized: engines must not look for GGUF
+    config["architectures"] = config.get("architectures") or [type(model).__name__]  # vLLM picks its class by it
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
     tokenizer.save_pretrained(out)
