@@ -34,6 +34,7 @@ os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 SHAPE = dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
              num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6,
              tie_word_embeddings=True)
+REPEATS = 2  # timed generations per side; the faster one counts (the first after start-up carries noise)
 TINY = dict(SHAPE, vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2)
 
@@ -51,6 +52,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--cpu-dry-run", action="store_true",
                    help="exercise the script on CPU (tiny model, torch engine, no standalone peer); writes nothing")
     p.add_argument("--standalone-json", default=None, help=argparse.SUPPRESS)  # internal: the standalone run
+    p.add_argument("--standalone-sleep-mode", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args()
 
 
@@ -95,25 +97,29 @@ def standalone(args: argparse.Namespace) -> None:
     kw = engine_kwargs(args)
     llm = LLM(model=args.model_dir, skip_tokenizer_init=True, dtype="bfloat16", load_format="auto",
               logprobs_mode="processed_logprobs", enable_chunked_prefill=True, enable_prefix_caching=True,
-              disable_log_stats=True, **kw)
+              disable_log_stats=True, enable_sleep_mode=args.standalone_sleep_mode, **kw)
     prompts = [{"prompt_token_ids": p} for p in prompt_ids(args.prompts, args.prompt_len, SHAPE["vocab_size"])]
     # per-prompt seeds, as the hybrid engine samples (seeded requests take vLLM's slower sampling path)
     params = [SamplingParams(n=1, temperature=1.0, top_p=1.0, top_k=0, max_tokens=args.max_tokens, ignore_eos=True,
                              logprobs=0, detokenize=False, seed=1000 + i) for i in range(len(prompts))]
     llm.generate(prompts[:8], params[:8], use_tqdm=False)  # warm-up
-    start = time.perf_counter()
-    outs = llm.generate(prompts, params, use_tqdm=False)
-    seconds = time.perf_counter() - start
+    seconds = float("inf")
+    for _ in range(REPEATS):  # the best of REPEATS, as on the hybrid side
+        llm.reset_prefix_cache()
+        start = time.perf_counter()
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        seconds = min(seconds, time.perf_counter() - start)
     tokens = sum(len(c.token_ids) for o in outs for c in o.outputs)
     with open(args.standalone_json, "w") as f:
         json.dump({"tokens": tokens, "seconds": seconds}, f)
 
 
-def run_standalone(args: argparse.Namespace, model_dir: str) -> dict:
+def run_standalone(args: argparse.Namespace, model_dir: str, sleep_mode: bool = False) -> dict:
     out = os.path.join(tempfile.mkdtemp(), "standalone.json")
     cmd = [sys.executable, os.path.abspath(__file__), "--model-dir", model_dir, "--standalone-json", out,
            "--prompts", str(args.prompts), "--prompt-len", str(args.prompt_len), "--max-tokens", str(args.max_tokens),
-           "--gpu-util", str(args.gpu_util)] + (["--eager"] if args.eager else [])
+           "--gpu-util", str(args.gpu_util)] + (["--eager"] if args.eager else []) + \
+        (["--standalone-sleep-mode"] if sleep_mode else [])
     subprocess.run(cmd, check=True, timeout=600)
     with open(out) as f:
         return json.load(f)
@@ -156,7 +162,8 @@ def hybrid_run(args: argparse.Namespace, model_dir: str) -> dict:
     # generation through the worker (sync + generate + sleep), after a warm-up
     prompts = make_prompts(args, run)
     worker.generate_sequences(prompts[:8])
-    out = worker.generate_sequences(prompts)
+    runs = [worker.generate_sequences(prompts) for _ in range(REPEATS)]
+    out = min(runs, key=lambda o: o.meta_info["metrics"]["timing_s/generate"])
     gen = out.meta_info["metrics"]
     rollout_peak = device_memory_used_peak(gen)
     out.meta_info["temperature"] = 1.0
@@ -166,10 +173,14 @@ def hybrid_run(args: argparse.Namespace, model_dir: str) -> dict:
     # one actor update on the generated batch: the training phase's peak
     batch = out.union(DataProto.from_dict({"old_log_probs": lp.batch["old_log_probs"],
                                            "advantages": torch.randn_like(lp.batch["old_log_probs"])}))
+    # torch's counters still include vLLM's slept (unmapped) pool, so the training peak is measured as the
+    # memory actually resident when the update starts plus the update's own rise above that.
+    resident = device_memory_used()
+    base = torch.cuda.memory_allocated() if cuda else 0
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     worker.update_actor(batch)
-    train_peak = torch.cuda.max_memory_allocated() if cuda else 0
+    train_peak = resident + (torch.cuda.max_memory_allocated() - base if cuda else 0)
     stream = [m["timing_s/reshard_stream"] for m in syncs]
     total = [m["timing_s/reshard"] for m in syncs]
     model_bytes = syncs[0]["reshard/bytes"]
@@ -269,6 +280,7 @@ def main() -> None:
     peer = run_standalone(args, model_dir)
     print(f"standalone vLLM: {peer['tokens']} tokens in {peer['seconds']:.2f}s ({time.perf_counter() - start:.0f}s wall)",
           flush=True)
+    peer_sleep = run_standalone(args, model_dir, sleep_mode=True)  # isolates the sleep-mode allocator's share
     h = hybrid_run(args, model_dir)
     os.makedirs(args.out_dir, exist_ok=True)
     floor = h["sync_bytes"] / h["d2d_bytes_per_s"]
@@ -285,6 +297,8 @@ def main() -> None:
     write(os.path.join(args.out_dir, "rollout_bench.json"), command, {
         "rollout_tokens_per_s": hybrid_tps, "standalone_tokens_per_s": peer_tps,
         "rollout_tokens_per_s_vs_standalone": hybrid_tps / peer_tps,
+        "standalone_sleep_mode_tokens_per_s": peer_sleep["tokens"] / peer_sleep["seconds"],
+        "rollout_tokens_per_s_vs_standalone_sleep_mode": hybrid_tps / (peer_sleep["tokens"] / peer_sleep["seconds"]),
         "prompts": args.prompts, "prompt_len": args.prompt_len, "max_tokens": args.max_tokens, "eager": args.eager,
     })
     plan = plan_json(h["overrides"] + [f"--gpu-mem-gb={h['gpu_total_bytes'] / 2**30:.1f}", "--overhead-gb=0"])
