@@ -121,8 +121,9 @@ def init_ray(num_cpus: int | None = None, num_gpus: int | None = None, *, addres
 
     if ray.is_initialized():
         return None
-    if address or os.environ.get("RAY_ADDRESS"):
-        # joining an existing cluster: its resources are fixed, and Ray refuses num_cpus/num_gpus here
+    joining = address not in (None, "local") or (address is None and bool(os.environ.get("RAY_ADDRESS")))
+    if joining:
+        # an existing cluster's resources are fixed, and Ray refuses num_cpus/num_gpus when joining one
         num_cpus = num_gpus = None
     runtime_env = build_runtime_env(working_dir, extra_env)
     logger.info("starting Ray with %s", describe_runtime_env(runtime_env))

@@ -5,6 +5,7 @@ failure and collect code as the real backends, minus the transport.
 """
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -34,6 +35,15 @@ from hybridrl.protocol import DataProto
 
 sys.path.insert(0, str(Path(__file__).parent / "controller_helpers"))
 import controller_workers as cw  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _restore_environ():
+    """WorkerHost.setup publishes RANK/MASTER_PORT/... the torchrun way; keep that out of later tests."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 class InProcessGroup(WorkerGroup):
