@@ -17,7 +17,12 @@ from typing import Any
 from .colocate import make_worker_group, spawn_colocated
 from .decorator import Dispatch, Execute, RegisterSpec, register
 from .dispatch import (
-    DispatchInfo, DispatchMode, DispatchPlan, GroupInfo, get_dispatch_mode, register_dispatch_mode,
+    DispatchInfo,
+    DispatchMode,
+    DispatchPlan,
+    GroupInfo,
+    get_dispatch_mode,
+    register_dispatch_mode,
     register_mesh_dispatch_mode,
 )
 from .errors import WorkerDiedError, WorkerError, WorkerTimeoutError

@@ -15,7 +15,14 @@ from typing import Any
 
 from .decorator import Execute, RegisterSpec, registered_methods
 from .dispatch import (
-    DEFAULT_MESH, DispatchInfo, DispatchMode, DispatchPlan, GroupInfo, collect_outputs, get_dispatch_mode, plan_call,
+    DEFAULT_MESH,
+    DispatchInfo,
+    DispatchMode,
+    DispatchPlan,
+    GroupInfo,
+    collect_outputs,
+    get_dispatch_mode,
+    plan_call,
 )
 from .errors import RemoteFailure, WorkerError
 

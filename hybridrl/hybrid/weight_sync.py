@@ -33,7 +33,6 @@ from typing import Any, Iterator, Optional
 from hybridrl.adapters.base import ActorModel
 from hybridrl.protocol import DataProto
 from hybridrl.rollout.base import RolloutEngine, SamplingParams
-
 from hybridrl.utils.device import device_memory_used
 
 from .checks import SentChecksums, WeightSyncError, compare_checksums
