@@ -20,16 +20,10 @@ from typing import Iterator
 
 import torch
 
+from hybridrl.controller.dispatch import DispatchInfo  # noqa: F401  (re-exported: what dispatch_info() returns)
 from hybridrl.protocol import DataProto
 
 WeightBucket = list[tuple[str, torch.Tensor]]  # (HuggingFace name, full unsharded tensor)
-
-
-@dataclass(frozen=True)
-class DispatchInfo:
-    dp_rank: int
-    dp_size: int
-    is_collect: bool
 
 
 @dataclass(frozen=True)
@@ -44,11 +38,27 @@ class OffloadReport:
         return self.params_bytes + self.grads_bytes + self.optimizer_bytes
 
 
-class ActorModel(ABC):
-    """The policy (or, built without an optimizer, the frozen reference)."""
+class ModelRole(ABC):
+    """What every model role does besides its math: say where it sits, move its memory, checkpoint."""
 
     @abstractmethod
     def dispatch_info(self) -> DispatchInfo: ...
+
+    @abstractmethod
+    def offload(self, params: bool, grads: bool, optimizer: bool) -> OffloadReport: ...
+
+    @abstractmethod
+    def onload(self, params: bool, grads: bool, optimizer: bool) -> OffloadReport: ...
+
+    @abstractmethod
+    def save_checkpoint(self, path: str) -> None: ...
+
+    @abstractmethod
+    def load_checkpoint(self, path: str) -> None: ...
+
+
+class ActorModel(ModelRole):
+    """The policy (or, built without an optimizer, the frozen reference)."""
 
     @abstractmethod
     def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False) -> DataProto:
@@ -62,24 +72,9 @@ class ActorModel(ABC):
     def export_weights(self, bucket_bytes: int) -> Iterator[WeightBucket]:
         """Stream the full model as HF-named tensors in buckets of about `bucket_bytes` (collective)."""
 
-    @abstractmethod
-    def offload(self, params: bool, grads: bool, optimizer: bool) -> OffloadReport: ...
 
-    @abstractmethod
-    def onload(self, params: bool, grads: bool, optimizer: bool) -> OffloadReport: ...
-
-    @abstractmethod
-    def save_checkpoint(self, path: str) -> None: ...
-
-    @abstractmethod
-    def load_checkpoint(self, path: str) -> None: ...
-
-
-class CriticModel(ABC):
+class CriticModel(ModelRole):
     """The value model: same builder as the actor, with a scalar value head."""
-
-    @abstractmethod
-    def dispatch_info(self) -> DispatchInfo: ...
 
     @abstractmethod
     def compute_values(self, data: DataProto) -> DataProto:
@@ -88,15 +83,3 @@ class CriticModel(ABC):
     @abstractmethod
     def update_critic(self, data: DataProto) -> dict[str, float]:
         """One clipped value-loss update; returns critic/* metrics."""
-
-    @abstractmethod
-    def offload(self, params: bool, grads: bool, optimizer: bool) -> OffloadReport: ...
-
-    @abstractmethod
-    def onload(self, params: bool, grads: bool, optimizer: bool) -> OffloadReport: ...
-
-    @abstractmethod
-    def save_checkpoint(self, path: str) -> None: ...
-
-    @abstractmethod
-    def load_checkpoint(self, path: str) -> None: ...
