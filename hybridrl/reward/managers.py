@@ -38,6 +38,9 @@ from hybridrl.utils.registry import Registry
 
 from .scoring import default_compute_score, default_compute_score_batch
 
+# The reward tensor is float32: a score beyond this would become +-inf there (finite in Python's float64).
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+
 __all__ = ["RewardOutput", "RewardFunctionError", "RewardManager", "NaiveRewardManager", "BatchRewardManager",
            "REWARD_MANAGERS", "register_reward_manager", "response_mask_of", "last_valid_positions"]
 
@@ -160,6 +163,10 @@ class RewardManager:
                                       f"number or a dict with a numeric 'score', for {where()}")
         if not math.isfinite(score):
             raise RewardFunctionError(f"compute_score returned {score} for {where()}")
+        if abs(score) > FLOAT32_MAX:
+            raise RewardFunctionError(f"compute_score returned {score}, outside the float32 range of the reward tensor "
+                                      f"(|score| <= {FLOAT32_MAX:.4g}; it would become {'-' if score < 0 else ''}inf) "
+                                      f"for {where()}")
         return score, extras
 
     def build_output(self, scores: Sequence[float], extras: Sequence[Optional[dict]], last: torch.Tensor,

@@ -175,6 +175,10 @@ def test_batched_exception_names_the_batch(tok):
     ("1.0", "compute_score returned '1.0' (str), expected a number"),
     ({"acc": 1.0}, "compute_score returned a dict without 'score' (keys ['acc']) for sample 1"),
     ({"score": float("nan")}, "compute_score returned nan for sample 1"),
+    # finite in float64, inf in the float32 reward tensor
+    (1e39, "compute_score returned 1e+39, outside the float32 range of the reward tensor (|score| <= 3.403e+38; it "
+           "would become inf) for sample 1"),
+    ({"score": -1e39}, "compute_score returned -1e+39, outside the float32 range"),
 ])
 def test_non_scores_are_rejected_with_the_sample(tok, result, problem):
     data = make_batch(tok, ["1", "2"], ["arithmetic"] * 2, ["1", "2"])
