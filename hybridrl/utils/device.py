@@ -1,6 +1,9 @@
 """Device memory readings shared by the workers' logs and the benchmarks."""
 from __future__ import annotations
 
+from contextlib import contextmanager
+from typing import Iterator
+
 import torch
 
 
@@ -17,3 +20,20 @@ def device_memory_used() -> int:
 
 def device_name() -> str:
     return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+
+
+@contextmanager
+def train_peak_memory() -> Iterator[dict[str, int]]:
+    """Peak bytes in use on this device during the block, filled in on exit ({} on CPU).
+
+    torch's own peak counters also count a slept vLLM pool (unmapped, not resident), so the peak is the
+    memory resident when the block starts plus the block's own rise in allocated bytes above that."""
+    out: dict[str, int] = {}
+    if not torch.cuda.is_available():
+        yield out
+        return
+    resident = device_memory_used()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    yield out
+    out["bytes"] = resident + torch.cuda.max_memory_allocated() - base

@@ -14,7 +14,7 @@ from typing import Any, Optional
 from hybridrl.config import RunConfig
 from hybridrl.controller import Dispatch, Worker, register, register_mesh_dispatch_mode
 from hybridrl.protocol import DataProto
-from hybridrl.utils.device import device_memory_used
+from hybridrl.utils.device import device_memory_used, train_peak_memory
 from hybridrl.utils.imports import load_object
 
 from .common import load_tokenizer_for, setup_process
@@ -134,8 +134,11 @@ class ActorRolloutRefWorker(Worker):
     @register(Dispatch.MESH_COMPUTE_PROTO)
     def update_actor(self, data: DataProto) -> DataProto:
         start = time.perf_counter()
-        metrics = self.actor.update_policy(data)
+        with train_peak_memory() as peak:
+            metrics = self.actor.update_policy(data)
         metrics["timing_s/update_actor_worker"] = time.perf_counter() - start
+        if peak:
+            metrics["memory/train_peak_bytes"] = float(peak["bytes"])
         return DataProto(meta_info={"metrics": metrics})
 
     # ------------------------------------------------------------------ checkpoints

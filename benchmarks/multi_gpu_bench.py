@@ -1,0 +1,316 @@
+"""Layouts across GPUs (issues 8 and 9): training parity of tp/pp/dp against one GPU, the NVLink all-gather
+floor, and a summary of GRPO runs of the real trainer on 1 and N GPUs.
+
+Subcommands (benchmarks/multi_gpu_run.sh strings them together on the GPU host):
+    model      random Qwen2-shaped model (+ the demo's tokenizer and arithmetic data) in HF format
+    parity     under torchrun: one layout's log-probs, one update's loss and grad norm, log-probs after it
+    allgather  under torchrun: NCCL all-gather bandwidth (bytes each rank receives per second)
+    report     the results JSON (DEVELOPERS.md format) from the parity files, the all-gather file and the
+               trainers' metrics.jsonl
+
+--cpu runs every subcommand on gloo with a tiny model (the dry run of the same code: no numbers kept).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import glob
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+
+SHAPES = {  # Qwen2.5 shapes; weights are random
+    "1.5b": dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                 num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True),
+    "7b": dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+               num_attention_heads=28, num_key_value_heads=4, tie_word_embeddings=False),
+    "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                 num_key_value_heads=2, tie_word_embeddings=True),
+}
+COMMON = dict(max_position_embeddings=4096, rope_theta=1000000.0, rms_norm_eps=1e-6)
+# The GRPO timing keys reported per run (verl's names), averaged over steps after the first.
+TIMING = ["timing_s/step", "timing_s/gen", "timing_s/reshard", "timing_s/reward", "timing_s/old_log_prob",
+          "timing_s/ref", "timing_s/adv", "timing_s/update_actor"]
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    m = sub.add_parser("model")
+    m.add_argument("--dir", required=True)
+    m.add_argument("--shape", default="1.5b", choices=sorted(SHAPES))
+    for name in ("parity", "allgather"):
+        s = sub.add_parser(name)
+        s.add_argument("--out", required=True)
+        s.add_argument("--cpu", action="store_true")
+    par = sub.choices["parity"]
+    par.add_argument("--dir", required=True)
+    par.add_argument("--tp", type=int, default=1)
+    par.add_argument("--pp", type=int, default=1)
+    par.add_argument("--samples", type=int, default=16)
+    par.add_argument("--prompt", type=int, default=64)
+    par.add_argument("--response", type=int, default=192)
+    ag = sub.choices["allgather"]
+    ag.add_argument("--mib", type=int, default=512, help="bytes each rank receives per all-gather, MiB")
+    r = sub.add_parser("report")
+    r.add_argument("--in-dir", required=True)
+    r.add_argument("--out", required=True)
+    r.add_argument("--command", default="bash benchmarks/multi_gpu_run.sh")
+    r.add_argument("--name", default="two_gpu")
+    return p.parse_args()
+
+
+# ------------------------------------------------------------------------------------------ model
+def make_model(folder: str, shape: str) -> None:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from hybridrl.trainer.demo import build_tokenizer, write_data
+
+    cuda = torch.cuda.is_available() and shape != "tiny"
+    torch.manual_seed(0)
+    with torch.device("cuda" if cuda else "cpu"):
+        model = Qwen2ForCausalLM(Qwen2Config(**SHAPES[shape], **COMMON))
+    model = model.to(torch.bfloat16 if cuda else torch.float32)
+    tok = build_tokenizer(folder)  # the demo's character tokenizer; a random model's extra ids decode to ""
+    model.config.update(dict(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                             bos_token_id=tok.bos_token_id))
+    model.save_pretrained(folder)
+    write_data(os.path.join(folder, "data"), n_train=4096, n_test=64, seed=0)
+    n = sum(p.numel() for p in model.parameters())
+    print(f"model: Qwen2 {shape} shape, {n / 1e9:.2f}B parameters, {model.dtype}, in {folder}", flush=True)
+
+
+# ------------------------------------------------------------------------------------------ parity
+def parity(args: argparse.Namespace) -> None:
+    """Log-probs, one PPO update and log-probs after it, for the layout (tp, pp, dp = world / (tp*pp))."""
+    import torch.distributed as dist
+
+    from hybridrl.adapters.megatron import compat, parallel
+    from hybridrl.adapters.megatron.actor import MegatronActor
+    from hybridrl.config.schema.actor import ActorConfig, ModelConfig
+    from hybridrl.config.schema.common import MegatronConfig, OptimConfig
+    from hybridrl.config.validate import BatchPlan
+    from hybridrl.protocol import DataProto
+
+    if args.cpu:
+        compat.apply()
+    parallel.ensure_process_group(timeout_s=600)
+    world, rank = dist.get_world_size(), dist.get_rank()
+    layout = parallel.layout_for(world, args.tp, args.pp, dtype="float32" if args.cpu else "bfloat16")
+    parallel.init_megatron(layout, seed=1)
+    n, dp = args.samples, layout.dp
+    cfg = ActorConfig(ppo_mini_batch_size=n, ppo_micro_batch_size_per_gpu=2, loss_agg_mode="token-mean",
+                      clip_ratio=0.2, optim=OptimConfig(lr=1e-5, clip_grad=1.0, total_training_steps=10),
+                      megatron=MegatronConfig(use_distributed_optimizer=True, sequence_parallel=False, seed=1))
+    plan = BatchPlan(samples_per_step=n, mini_batch_samples=n, mini_batches_per_epoch=1, ppo_epochs=1,
+                     mini_batch_per_dp=n // dp, micro_batch_per_gpu=2, grad_accum=n // dp // 2, use_dynamic_bsz=False,
+                     max_token_len_per_gpu=16384, forward_micro_batch_per_gpu=4, forward_max_token_len_per_gpu=16384)
+    start = time.perf_counter()
+    actor = MegatronActor(ModelConfig(path=args.dir), cfg, layout, plan)
+    build_s = time.perf_counter() - start
+    full = fixed_batch(n, args.prompt, args.response, actor.arch.vocab_size)
+    info = actor.dispatch_info()
+    rows = slice(info.dp_rank * n // dp, (info.dp_rank + 1) * n // dp)  # this rank's dp slice, as the dispatcher cuts
+    mine = DataProto.from_dict({k: v[rows] for k, v in full.items()}, meta_info={"temperature": 1.0})
+
+    before = actor.compute_log_prob(mine).batch["log_probs"]
+    g = torch.Generator().manual_seed(7)
+    noise, adv = torch.randn(n, args.response, generator=g), torch.randn(n, args.response, generator=g)
+    # old log-probs off the current ones by fixed noise: the ratio is not 1, so the loss depends on the model
+    mine.batch["old_log_probs"] = before + 0.05 * noise[rows]
+    mine.batch["advantages"] = adv[rows] * mine.batch["response_mask"]
+    start = time.perf_counter()
+    metrics = actor.update_policy(mine)
+    update_s = time.perf_counter() - start
+    after = actor.compute_log_prob(mine).batch["log_probs"]
+
+    pieces = [None] * world
+    dist.all_gather_object(pieces, (info.dp_rank, info.is_collect, before, after))
+    if rank == 0:
+        got = {d: (b, a) for d, c, b, a in pieces if c}
+        record = {
+            "layout": {"tp": layout.tp, "pp": layout.pp, "dp": dp, "world": world},
+            "pg_loss": metrics["actor/pg_loss"], "grad_norm": metrics["actor/grad_norm"],
+            "pg_clipfrac": metrics["actor/pg_clipfrac"], "update_applied": metrics["actor/update_applied"],
+            "build_and_import_seconds": build_s, "update_seconds": update_s,
+            "device": torch.cuda.get_device_name() if compat.cuda_in_use() else "cpu",
+        }
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(record, f, indent=1)
+        from safetensors.torch import save_file
+
+        save_file({"before": torch.cat([got[d][0] for d in range(dp)]).contiguous(),
+                   "after": torch.cat([got[d][1] for d in range(dp)]).contiguous(),
+                   "mask": full["response_mask"].contiguous()}, args.out.replace(".json", ".safetensors"))
+        print(f"parity {record['layout']}: pg_loss {record['pg_loss']:.6f} grad_norm {record['grad_norm']:.6f} "
+              f"(build {build_s:.0f}s, update {update_s:.1f}s)", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def fixed_batch(n: int, prompt: int, response: int, vocab: int) -> dict[str, torch.Tensor]:
+    """Left-padded prompts and right-padded responses of seeded random ids and lengths (same on every rank)."""
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(10, min(vocab, 30000) - 10, (n, prompt + response), generator=g)
+    mask = torch.ones_like(ids)
+    resp_mask = torch.ones(n, response)
+    for i in range(n):
+        pad = int(torch.randint(0, prompt // 4 + 1, (1,), generator=g))
+        keep = int(torch.randint(response // 2, response + 1, (1,), generator=g))
+        mask[i, :pad] = 0
+        mask[i, prompt + keep:] = 0
+        resp_mask[i, keep:] = 0
+    ids = ids * mask
+    return {"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(1) - 1).clamp(min=0),
+            "responses": ids[:, prompt:].clone(), "response_mask": resp_mask}
+
+
+# ------------------------------------------------------------------------------------------ all-gather
+def allgather(args: argparse.Namespace) -> None:
+    """Bandwidth of all_gather_into_tensor: bytes each rank ends up receiving from the others per second."""
+    import torch.distributed as dist
+
+    from hybridrl.adapters.megatron import compat, parallel
+
+    if args.cpu:
+        compat.apply()
+    parallel.ensure_process_group(timeout_s=300)
+    world = dist.get_world_size()
+    dev = torch.device("cuda", torch.cuda.current_device()) if compat.cuda_in_use() else torch.device("cpu")
+    total = (args.mib if not args.cpu else 8) << 20
+    shard = torch.ones(total // 2 // world, dtype=torch.bfloat16, device=dev)
+    out = torch.empty(shard.numel() * world, dtype=torch.bfloat16, device=dev)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    for _ in range(3):
+        dist.all_gather_into_tensor(out, shard)
+    sync()
+    reps = 10
+    start = time.perf_counter()
+    for _ in range(reps):
+        dist.all_gather_into_tensor(out, shard)
+    sync()
+    seconds = (time.perf_counter() - start) / reps
+    received = shard.numel() * 2 * (world - 1)
+    if dist.get_rank() == 0:
+        record = {"world": world, "output_bytes": out.numel() * 2, "seconds": seconds,
+                  "algbw_bytes_per_s": out.numel() * 2 / seconds, "busbw_bytes_per_s": received / seconds}
+        with open(args.out, "w") as f:
+            json.dump(record, f, indent=1)
+        print(f"all-gather over {world} ranks: {record['busbw_bytes_per_s'] / 1e9:.1f} GB/s bus bandwidth, "
+              f"{record['algbw_bytes_per_s'] / 1e9:.1f} GB/s algorithm bandwidth", flush=True)
+    dist.destroy_process_group()
+
+
+# ------------------------------------------------------------------------------------------ report
+def parity_metrics(in_dir: str) -> dict:
+    from safetensors.torch import load_file
+
+    ref_path = os.path.join(in_dir, "parity_tp1_pp1_dp1.json")
+    if not os.path.exists(ref_path):
+        return {}
+    ref, ref_t = json.load(open(ref_path)), load_file(ref_path.replace(".json", ".safetensors"))
+    out = {}
+    for path in sorted(glob.glob(os.path.join(in_dir, "parity_*.json"))):
+        if path == ref_path:
+            continue
+        rec, t = json.load(open(path)), load_file(path.replace(".json", ".safetensors"))
+        lay = rec["layout"]
+        name = "dp2" if lay["dp"] > 1 and lay["tp"] == lay["pp"] == 1 else ("tp2" if lay["tp"] > 1 else "pp2")
+        mask = ref_t["mask"].bool()
+        for when in ("before", "after"):
+            gap = (t[when] - ref_t[when]).abs()[mask]
+            out[f"{name}_logprob_abs_diff_mean_{when}_update"] = float(gap.mean())
+            out[f"{name}_logprob_abs_diff_max_{when}_update"] = float(gap.max())
+        out[f"{name}_pg_loss"] = rec["pg_loss"]
+        out[f"{name}_pg_loss_rel_gap"] = abs(rec["pg_loss"] - ref["pg_loss"]) / abs(ref["pg_loss"])
+        out[f"{name}_grad_norm"] = rec["grad_norm"]
+        out[f"{name}_grad_norm_rel_gap"] = abs(rec["grad_norm"] - ref["grad_norm"]) / ref["grad_norm"]
+    out["one_gpu_pg_loss"], out["one_gpu_grad_norm"] = ref["pg_loss"], ref["grad_norm"]
+    return out
+
+
+def grpo_summary(metrics_file: str) -> dict:
+    rows = [json.loads(line) for line in open(metrics_file)]
+    steps = [r for r in rows if "timing_s/step" in r]
+    if not steps:
+        return {"error": f"no training steps in {metrics_file}"}
+    timed = steps[1:] or steps  # the first step carries start-up (compilation, allocator growth)
+    mean = lambda key: statistics.mean(r[key] for r in timed if key in r) if any(key in r for r in timed) else None  # noqa: E731
+    out = {k.split("/")[-1] + "_s": mean(k) for k in TIMING if mean(k) is not None}
+    out.update({
+        "steps": len(steps), "steps_timed": len(timed),
+        "tokens_per_s_per_gpu": mean("perf/throughput"),
+        "mfu_update": mean("perf/mfu/actor"),
+        "logprob_abs_diff_mean": mean("rollout_vs_actor/logprob_abs_diff_mean"),
+        "logprob_abs_diff_max": max(r.get("rollout_vs_actor/logprob_abs_diff_max", 0.0) for r in steps),
+        "reshard_bytes": mean("reshard/bytes"),
+        "reshard_stream_s": mean("timing_s/reshard_stream"),
+        "rollout_peak_used_bytes": max(r.get("memory/rollout_used_bytes", 0.0) for r in steps),
+        "train_peak_bytes": max(r.get("memory/train_peak_bytes", 0.0) for r in steps),
+        "score_mean": mean("critic/score/mean"), "response_length_mean": mean("response_length/mean"),
+    })
+    return out
+
+
+def report(args: argparse.Namespace) -> None:
+    metrics = parity_metrics(args.in_dir)
+    extra: dict = {}
+    ag_file = os.path.join(args.in_dir, "allgather.json")
+    ag = json.load(open(ag_file)) if os.path.exists(ag_file) else None
+    if ag:
+        metrics["allgather_busbw_bytes_per_s"] = ag["busbw_bytes_per_s"]
+        metrics["allgather_algbw_bytes_per_s"] = ag["algbw_bytes_per_s"]
+    runs = {}
+    for path in sorted(glob.glob(os.path.join(args.in_dir, "grpo_*", "logs", "metrics.jsonl"))):
+        name = os.path.basename(os.path.dirname(os.path.dirname(path)))[len("grpo_"):]
+        runs[name] = grpo_summary(path)
+        info = os.path.join(os.path.dirname(os.path.dirname(path)), "run.json")
+        if os.path.exists(info):
+            runs[name].update(json.load(open(info)))
+    for name, r in runs.items():
+        if "error" in r:
+            continue
+        metrics[f"{name}_logprob_abs_diff_mean"] = r["logprob_abs_diff_mean"]
+        metrics[f"{name}_tokens_per_s_per_gpu"] = r["tokens_per_s_per_gpu"]
+        metrics[f"{name}_step_s"] = r.get("step_s")
+        reshard = r.get("reshard_stream_s") or r.get("reshard_s")
+        if reshard and r.get("reshard_bytes"):
+            metrics[f"{name}_sync_seconds"] = reshard
+            # every GPU ends up with the whole model: with the actor split over tp ranks each receives
+            # (tp-1)/tp of it from the others, at best at the measured all-gather bandwidth
+            if ag and r.get("actor_tp", 1) > 1:
+                floor = r["reshard_bytes"] / ag["algbw_bytes_per_s"]
+                metrics[f"{name}_sync_floor_seconds"] = floor
+                metrics[f"{name}_sync_time_over_floor"] = reshard / floor
+    one = runs.get("1gpu", {})
+    for name, r in runs.items():
+        if name != "1gpu" and one.get("tokens_per_s_per_gpu") and r.get("tokens_per_s_per_gpu"):
+            metrics[f"{name}_scaling_per_gpu_vs_1gpu"] = r["tokens_per_s_per_gpu"] / one["tokens_per_s_per_gpu"]
+    extra["grpo_runs"] = runs
+    device = next((json.load(open(p)).get("device") for p in glob.glob(os.path.join(args.in_dir, "parity_*.json"))),
+                  None) or (torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu")
+    record = {"command": args.command, "device": device, "date": datetime.date.today().isoformat(),
+              "metrics": metrics, **extra}
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(record, f, indent=1)
+    print(json.dumps(record, indent=1))
+
+
+def main() -> None:
+    args = parse()
+    {"model": lambda: make_model(args.dir, args.shape), "parity": lambda: parity(args),
+     "allgather": lambda: allgather(args), "report": lambda: report(args)}[args.cmd]()
+
+
+if __name__ == "__main__":
+    main()
