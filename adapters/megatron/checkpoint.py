@@ -4,7 +4,11 @@ Folder layout (one per role, e.g. CKPT/global_step_10/actor):
     meta.json          format/version, role, step, optimizer steps, LR-scheduler state, layout it was
                        saved from, the ModelArch and the full HF config
     dist/              megatron dist_checkpointing (torch_dist): "model" (+ "optimizer")
-    rng/rank_XXXXX.pt  python / numpy / torch / CUDA / megatron-tracker RNG states of each rank
+    rng/rank_XXXXX.safetensors
+                       RNG states of each rank: the torch (and CUDA) generator states, the megatron
+                       tracker states and numpy's MT19937 key as tensors; python's random state and
+                       numpy's pos/has_gauss/cached_gaussian as JSON in the file's metadata (no pickle:
+                       loading a checkpoint must not run code; older rank_XXXXX.pt files are ignored)
     huggingface/       config.json + tokenizer files copied from the HF folder (for the merger)
 Model tensors are keyed by GLOBAL layer index (megatron's sharded_state_dict), and all chunks of a
 rank go under one "model" entry, so the same files load at any tp/pp/vpp (the padded vocab size is
@@ -40,6 +44,8 @@ log = logging.getLogger(__name__)
 FORMAT = "hybridrl-megatron"
 VERSION = 1
 OPTIM_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
+RNG_SUFFIX = ".safetensors"
+RNG_FORMAT = "hybridrl-rng-v1"
 
 
 def save(path: str, role: Any) -> None:
@@ -58,7 +64,7 @@ def save(path: str, role: Any) -> None:
                                                                    metadata=OPTIM_METADATA)
     _fork_writer_queue()
     dist_checkpointing.save(sharded, dist_dir)
-    torch.save(_rng_state(), os.path.join(path, "rng", f"rank_{dist.get_rank():05d}.pt"))
+    save_rng_state(os.path.join(path, "rng", f"rank_{dist.get_rank():05d}{RNG_SUFFIX}"))
     if dist.get_rank() == 0:
         _write_meta(path, role)
         copy_side_files(role.hf_path, os.path.join(path, "huggingface"))
@@ -245,6 +251,49 @@ def _rng_state() -> dict:
     }
 
 
+def save_rng_state(file: str, state: dict | None = None) -> None:
+    """This rank's RNG states as one safetensors file: tensors as tensors, the rest as JSON metadata."""
+    from safetensors.torch import save_file
+
+    state = _rng_state() if state is None else state
+    kind, key, pos, has_gauss, cached_gaussian = state["numpy"]
+    tensors = {"torch": state["torch"], "numpy_key": torch.from_numpy(np.asarray(key, dtype=np.int64))}
+    if state["cuda"] is not None:
+        tensors["cuda"] = state["cuda"]
+    names = sorted(state["tracker"])
+    for i, name in enumerate(names):
+        tensors[f"tracker.{i}"] = state["tracker"][name]
+    version, internal, gauss_next = state["python"]
+    meta = {"format": RNG_FORMAT, "python": [version, list(internal), gauss_next], "tracker": names,
+            "numpy": {"kind": kind, "pos": int(pos), "has_gauss": int(has_gauss),
+                      "cached_gaussian": float(cached_gaussian)}}
+    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, file,
+              metadata={"hybridrl": json.dumps(meta)})
+
+
+def load_rng_state(file: str) -> dict:
+    """The dict save_rng_state wrote (the same shape as _rng_state())."""
+    from safetensors import safe_open
+
+    with safe_open(file, framework="pt") as f:
+        header = (f.metadata() or {}).get("hybridrl")
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    meta = json.loads(header) if header else {}
+    if meta.get("format") != RNG_FORMAT:
+        raise ValueError(f"{file}: not a hybridrl RNG state file (format {meta.get('format')!r}, "
+                         f"expected {RNG_FORMAT!r})")
+    version, internal, gauss_next = meta["python"]
+    n = meta["numpy"]
+    key = tensors["numpy_key"].numpy().astype(np.uint32)
+    return {
+        "python": (version, tuple(internal), gauss_next),
+        "numpy": (n["kind"], key, n["pos"], n["has_gauss"], n["cached_gaussian"]),
+        "torch": tensors["torch"],
+        "cuda": tensors.get("cuda"),
+        "tracker": {name: tensors[f"tracker.{i}"] for i, name in enumerate(meta["tracker"])},
+    }
+
+
 def _maybe_load_rng(path: str, meta: dict) -> None:
     from megatron.core import parallel_state as ps
     from megatron.core.tensor_parallel import random as mrandom
@@ -252,11 +301,15 @@ def _maybe_load_rng(path: str, meta: dict) -> None:
     saved = meta["layout"]
     same = (saved["world_size"] == dist.get_world_size() and saved["tp"] == ps.get_tensor_model_parallel_world_size()
             and saved["pp"] == ps.get_pipeline_model_parallel_world_size())
-    rng_file = os.path.join(path, "rng", f"rank_{dist.get_rank():05d}.pt")
-    if not same or not os.path.isfile(rng_file):
+    stem = os.path.join(path, "rng", f"rank_{dist.get_rank():05d}")
+    if same and not os.path.isfile(stem + RNG_SUFFIX) and os.path.isfile(stem + ".pt"):
+        log.warning("%s.pt: RNG state in the old pickle format is not loaded (unpickling can run code); RNG "
+                    "streams continue from the seed instead", stem)
+        return
+    if not same or not os.path.isfile(stem + RNG_SUFFIX):
         log.info("%s: layout differs from the saved one (or no RNG file): RNG states not restored", path)
         return
-    state = torch.load(rng_file, weights_only=False)
+    state = load_rng_state(stem + RNG_SUFFIX)
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])

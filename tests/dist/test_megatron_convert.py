@@ -120,7 +120,7 @@ def test_checkpoint_with_missing_or_mismatched_files_is_rejected(mcore_ckpt, tmp
 
     broken = tmp_path / "ckpt"
     shutil.copytree(mcore_ckpt, broken)
-    os.remove(broken / "rng" / "rank_00003.pt")
+    os.remove(broken / "rng" / "rank_00003.safetensors")
     with pytest.raises(ValueError, match="claims a layout of 4 ranks .* holds 3 rank files"):
         mcore_to_hf(str(broken), str(tmp_path / "out"))
     os.remove(broken / "dist" / "metadata.json")
