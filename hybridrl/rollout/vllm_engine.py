@@ -59,6 +59,10 @@ class VLLMRolloutEngine(RolloutEngine):
         self.tp_size = tp_size
         self.pad_token_id = pad_token_id
         self.eos_token_ids = tuple(eos_token_ids)
+        kwargs = dict(engine_kwargs or {})
+        # Under Ray each process sees only its own GPU; vLLM's custom all-reduce indexes the peers in
+        # CUDA_VISIBLE_DEVICES and fails there, so use NCCL for the replica's all-reduces unless asked.
+        kwargs.setdefault("disable_custom_all_reduce", torch.cuda.device_count() < tp_size)
         # Prompts arrive as token ids and responses leave as token ids: vLLM needs no tokenizer, and
         # without one it never detokenizes (EOS ids are passed as stop tokens explicitly instead).
         self.llm = LLM(
@@ -80,7 +84,7 @@ class VLLMRolloutEngine(RolloutEngine):
             seed=seed,
             logprobs_mode="processed_logprobs",
             disable_log_stats=True,
-            **(engine_kwargs or {}),
+            **kwargs,
         )
         self._asleep = False
         self.weight_dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
@@ -159,7 +163,7 @@ class VLLMRolloutEngine(RolloutEngine):
 
         A fused parameter (qkv_proj, gate_up_proj) reports its own sum under each member's name;
         `checksum_terms` tells the checker which sent tensors add up to it. Replicated parameters
-        (norms) are divided by tp_g after the all-reduce.
+        (norms) count once.
         """
         wanted = list(hf_names)
         return self.llm.apply_model(lambda model: _local_sums(model, wanted, self.tp_size))[0]
@@ -215,9 +219,12 @@ def _local_sums(model: torch.nn.Module, hf_names: list[str], tp_size: int) -> di
             p = params[vname].detach()
             local = p.double().sum()
             if tp_size > 1:
-                torch.distributed.all_reduce(local, group=_tp_group())
-                if not _is_sharded(p):
-                    local = local / tp_size
+                sums = torch.empty(tp_size, dtype=local.dtype, device=local.device)
+                torch.distributed.all_gather_into_tensor(sums, local.reshape(1), group=_tp_group())
+                # vLLM's tp attributes are not on every parameter it shards (seen: the tied embedding at
+                # tp_g=2), so a parameter whose ranks hold different sums counts as sharded too
+                sharded = _is_sharded(p) or bool((sums != sums[0]).any())
+                local = sums.sum() if sharded else sums[0]
             cache[vname] = float(local)
         out[hf] = cache[vname]
     return out
