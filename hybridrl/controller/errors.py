@@ -31,11 +31,17 @@ class WorkerError(RuntimeError):
         self.rank = rank
         self.role = role
         self.method = method
+        self.message = message
         self.remote_traceback = remote_traceback
         text = message
         if remote_traceback:
             text += f"\n--- remote traceback ({role} rank {rank}) ---\n{remote_traceback.rstrip()}"
         super().__init__(text)
+
+    def with_note(self, note: str) -> "WorkerError":
+        """The same error (same class, rank, role, traceback) with `note` added to its message."""
+        return type(self)(f"{self.message}{note}", rank=self.rank, role=self.role, method=self.method,
+                          remote_traceback=self.remote_traceback)
 
     @classmethod
     def from_failure(cls, f: RemoteFailure, others: int = 0) -> "WorkerError":

@@ -17,6 +17,7 @@ WorkerDiedError naming rank, role and pid as soon as it is seen, without waiting
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import time
 from collections import Counter
@@ -39,6 +40,9 @@ __all__ = ["ResourcePool", "RayWorkerGroup", "spawn_hosts"]
 logger = logging.getLogger(__name__)
 
 _POLL_S = 0.5  # how often a wait wakes up to check the deadline
+# After a rank fails, how long to look for a peer that died: a dead rank makes the others' collectives
+# fail at once (gloo sees the closed socket), often before Ray reports the death itself.
+_DEATH_GRACE_S = 2.0
 _SCALARS = (int, float, str, bool, bytes, type(None))
 
 
@@ -122,7 +126,26 @@ class ResourcePool:
         self._pgs = pgs
 
 
+# Ray normally shows each GPU actor only its own GPU (CUDA_VISIBLE_DEVICES). NCCL then cannot enable P2P
+# between the actors' GPUs and falls back to shared host memory (measured: tp=2 all-gathers at a few GB/s
+# instead of NVLink's hundreds), and vLLM's custom all-reduce cannot find its peers. GPU actors therefore
+# see every GPU of the node and select the one Ray assigned them (`gpu_index`).
+GPU_ACTOR_ENV = {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}
+
+
 class _RayHost(WorkerHost):
+    def gpu_index(self) -> int:
+        """Index, among the GPUs this process sees, of the GPU Ray assigned to it (0 without one)."""
+        ids = [str(i) for i in ray.get_gpu_ids()]
+        if not ids:
+            return 0
+        visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+        if not visible:
+            return int(ids[0])
+        if ids[0] not in visible:
+            raise RuntimeError(f"Ray assigned GPU {ids[0]} but CUDA_VISIBLE_DEVICES={','.join(visible)} hides it")
+        return visible.index(ids[0])
+
     def node_address(self) -> tuple[str, int]:
         """This node's IP and a port free on it right now (rank 0's answer becomes MASTER_ADDR/PORT)."""
         with socket.socket() as s:
@@ -166,14 +189,46 @@ def wait_refs(refs: dict[int, Any], *, role: str, method: str, timeout: float | 
     while pending:
         step = _POLL_S if deadline is None else max(0.0, min(_POLL_S, deadline - time.monotonic()))
         ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=step)
+        failures: dict[int, WorkerError] = {}
         for ref in ready:
             rank = pending.pop(ref)
-            out[rank] = _get_one(ref, rank, role, method, pids)
+            try:
+                out[rank] = _get_one(ref, rank, role, method, pids)
+            except WorkerError as e:
+                failures[rank] = e
+        if failures:
+            raise _root_failure(failures, pending, role, method, pids)
         if pending and deadline is not None and time.monotonic() >= deadline:
             late = sorted(pending.values())
             raise WorkerTimeoutError(f"{role}.{method}(): rank(s) {late} did not finish within {timeout} s",
                                      rank=late[0], role=role, method=method)
     return out
+
+
+def _root_failure(failures: dict[int, WorkerError], pending: dict[Any, int], role: str, method: str,
+                  pids: Sequence[int] | None) -> WorkerError:
+    """The error to raise when ranks failed: a dead rank first (its peers' errors are usually its
+    consequence), else the lowest failed rank; the message adds which ranks failed too or were still
+    running, so a hung or dead peer is named even when another rank's collective timed out first."""
+    if pending and not any(isinstance(e, WorkerDiedError) for e in failures.values()):
+        ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=_DEATH_GRACE_S)
+        for ref in ready:
+            rank = pending.pop(ref)
+            try:
+                _get_one(ref, rank, role, method, pids)
+            except WorkerError as e:
+                failures[rank] = e
+    died = sorted(r for r, e in failures.items() if isinstance(e, WorkerDiedError))
+    first = died[0] if died else min(failures)
+    notes = []
+    others = sorted(set(failures) - {first})
+    if others:
+        notes.append(f"rank(s) {others} failed too")
+    running = sorted(pending.values())
+    if running:
+        notes.append(f"rank(s) {running} had not finished {method}() (a hung or dead peer makes the others' "
+                     "collectives fail or time out)")
+    return failures[first].with_note(f"; {'; '.join(notes)}" if notes else "")
 
 
 def _get_one(ref: Any, rank: int, role: str, method: str, pids: Sequence[int] | None) -> Any:
@@ -208,6 +263,7 @@ def spawn_hosts(pool: ResourcePool, roles: dict[str, RoleSpec], *, dist_timeout_
             **pool.actor_resources(),
             scheduling_strategy=PlacementGroupSchedulingStrategy(slot.pg, placement_group_bundle_index=slot.bundle_index),
             max_restarts=0,
+            **({"runtime_env": {"env_vars": GPU_ACTOR_ENV}} if pool.use_gpu else {}),
         ).remote()
         for slot in slots
     ]
@@ -218,8 +274,10 @@ def spawn_hosts(pool: ResourcePool, roles: dict[str, RoleSpec], *, dist_timeout_
         hosts.pids = [pids[r] for r in range(len(handles))]
         addr, port = wait_refs({0: handles[0].node_address.remote()}, role=label, method="start",
                                timeout=setup_timeout_s)[0]
+        gpus = (wait_refs({r: h.gpu_index.remote() for r, h in enumerate(handles)}, role=label, method="start",
+                          timeout=setup_timeout_s) if pool.use_gpu else {})
         ctxs = [DistContext(rank=r, world_size=len(slots), local_rank=s.local_rank, local_world_size=s.local_world_size,
-                            master_addr=addr, master_port=port, use_gpu=pool.use_gpu, cuda_device=0,
+                            master_addr=addr, master_port=port, use_gpu=pool.use_gpu, cuda_device=gpus.get(r, 0),
                             dist_timeout_s=dist_timeout_s) for r, s in enumerate(slots)]
         wait_refs({r: h.setup.remote(ctxs[r], roles) for r, h in enumerate(handles)}, role=label, method="__init__",
                   timeout=setup_timeout_s, pids=hosts.pids)

@@ -45,8 +45,8 @@ class DistContext:
     master_port: int = 29500
     role: str = "worker"
     use_gpu: bool = False
-    # CUDA device index to use in this process. Under Ray each actor sees only its own GPU(s), so this
-    # is 0 there; under torchrun it is the local rank.
+    # CUDA device index to use in this process: the local rank under torchrun; under Ray the position of
+    # the GPU Ray assigned among those the actor sees (GPU actors see the whole node, ray_backend.py).
     cuda_device: int = 0
     dist_timeout_s: float = DEFAULT_DIST_TIMEOUT_S
 
@@ -73,8 +73,8 @@ class DistContext:
         """Publish the process identity the torchrun way, for libraries that read it (env:// init).
 
         LOCAL_RANK is what libraries pass to `torch.cuda.set_device`, so on GPUs it is the device
-        index in this process's view: equal to the node position under torchrun, 0 under Ray (which
-        shows each actor only its own GPU). `Worker.local_rank` is always the node position.
+        index in this process's view: the node position under torchrun, Ray's assigned GPU under Ray.
+        `Worker.local_rank` is always the node position.
         """
         os.environ.update({
             "RANK": str(self.rank),

@@ -60,9 +60,10 @@ class VLLMRolloutEngine(RolloutEngine):
         self.pad_token_id = pad_token_id
         self.eos_token_ids = tuple(eos_token_ids)
         kwargs = dict(engine_kwargs or {})
-        # Under Ray each process sees only its own GPU; vLLM's custom all-reduce indexes the peers in
-        # CUDA_VISIBLE_DEVICES and fails there, so use NCCL for the replica's all-reduces unless asked.
-        kwargs.setdefault("disable_custom_all_reduce", torch.cuda.device_count() < tp_size)
+        # NCCL for the replica's all-reduces unless engine_kwargs.vllm asks otherwise: vLLM's custom
+        # all-reduce maps tp ranks to CUDA_VISIBLE_DEVICES positions, which fails wherever a process does
+        # not see its peers' GPUs (a Ray actor restricted to its own GPU, seen on 2 x H200).
+        kwargs.setdefault("disable_custom_all_reduce", True)
         # Prompts arrive as token ids and responses leave as token ids: vLLM needs no tokenizer, and
         # without one it never detokenizes (EOS ids are passed as stop tokens explicitly instead).
         self.llm = LLM(

@@ -46,8 +46,11 @@ def test_ray_one_worker_per_gpu_nccl_allreduce(gpus):
     try:
         assert wg.allreduce_sum(0.5) == [sum(r + 0.5 for r in range(gpus))] * gpus
         places = wg.placement()
-        assert {p["backend"] for p in places} == {"nccl"} and {p["device"] for p in places} == {"cuda:0"}
-        assert len({p["visible"] for p in places}) == gpus  # each actor sees its own GPU
+        assert {p["backend"] for p in places} == {"nccl"}
+        assert len({p["gpu_uuid"] for p in places}) == gpus  # one physical GPU per actor
+        # every actor sees the whole node (so NCCL can use P2P/NVLink between them) and selects its own GPU
+        assert all(p["sees_gpus"] == gpus for p in places), places
+        assert [p["local_rank_env"] for p in places] == [p["device"].split(":")[1] for p in places]
     finally:
         wg.shutdown()
         pool.release()

@@ -101,7 +101,9 @@ class RowWorker(Worker):
     def placement(self) -> dict:
         return {"backend": dist.get_backend(), "device": str(self.device),
                 "visible": os.environ.get("CUDA_VISIBLE_DEVICES"), "local_rank_env": os.environ.get("LOCAL_RANK"),
-                "gpu_name": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None}
+                "gpu_name": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None,
+                "gpu_uuid": str(torch.cuda.get_device_properties(self.device).uuid) if self.device.type == "cuda" else None,
+                "sees_gpus": torch.cuda.device_count() if self.device.type == "cuda" else 0}
 
 
 class TPWorker(Worker):
