@@ -12,7 +12,9 @@ Rank 0's host picks MASTER_ADDR (its node IP) and a free MASTER_PORT before any 
 Failures: a role that raises comes back as a RemoteFailure (raised as WorkerError with the remote
 traceback); an actor that dies surfaces as Ray's ActorDiedError on its pending call and is raised as
 WorkerDiedError naming rank, role and pid as soon as it is seen, without waiting for the other ranks
-(which may be stuck in a collective with the dead one); `call_timeout_s` bounds every call.
+(which may be stuck in a collective with the dead one); `call_timeout_s` bounds every call. When several
+ranks fail in one call, a dead rank is reported before its peers' collective errors (it is usually their
+cause), and the message names the ranks that failed too or had not finished (a hung peer).
 """
 from __future__ import annotations
 
