@@ -20,7 +20,8 @@ Step-counter pitfall (megatron-core 0.16.1 with torch Adam, see the CPU notes): 
 distributed optimizer resets Adam's per-parameter `step` and makes all parameters share ONE step
 tensor (so it advances once per parameter per update). We save the true optimizer step count in
 meta.json and give every parameter its own step tensor with that value after loading.
-Saving forks writer processes: scripts that save must run under `if __name__ == "__main__":`.
+Saving is synchronous: megatron forks short-lived writer processes (one per write bucket) that end with
+the save; no process outlives it (see _in_process_writer_queue for why that matters).
 """
 from __future__ import annotations
 
@@ -60,9 +61,13 @@ def save(path: str, role: Any) -> None:
     engine = role.engine
     sharded = {"model": _model_sharded(engine)}
     if engine.optimizer is not None:
+        # No update applied yet (e.g. every step so far skipped as non-finite): torch Adam has no state,
+        # and megatron's distributed optimizer cannot save that (it asserts on the missing step count).
+        # The state torch would create at the first step (step 0, zero moments) saves and loads fine.
+        _init_adam_state(engine.optimizer)
         sharded["optimizer"] = engine.optimizer.sharded_state_dict(sharded["model"], is_loading=False,
                                                                    metadata=OPTIM_METADATA)
-    _fork_writer_queue()
+    _in_process_writer_queue()
     dist_checkpointing.save(sharded, dist_dir)
     save_rng_state(os.path.join(path, "rng", f"rank_{dist.get_rank():05d}{RNG_SUFFIX}"))
     if dist.get_rank() == 0:
@@ -173,19 +178,24 @@ def _jsonable(v: Any) -> Any:
     return json.loads(json.dumps(v, default=str)) if isinstance(v, (dict, list, tuple)) else v
 
 
-def _fork_writer_queue() -> None:
-    """Give megatron's checkpoint writer a results queue served by a FORKED manager process.
+def _in_process_writer_queue() -> None:
+    """Give megatron's checkpoint writer a plain in-process results queue instead of a Manager's.
 
-    megatron starts that manager with the "spawn" context, which re-imports the caller's __main__
-    (torch, megatron, the trainer: 5-10 s per saving rank, once per process). The manager only
-    relays write results and never touches torch or CUDA, so forking it is safe and takes ~0.1 s.
+    megatron collects write results through a multiprocessing Manager().Queue(), i.e. a manager
+    PROCESS that lives as long as this worker. Started with "spawn" (megatron's choice) it re-imports
+    __main__ (5-10 s per saving rank); started with "fork" it inherits this worker's sockets: its Ray
+    connection and its gloo connections to the other ranks. Then a worker that dies (kill -9, OOM) is
+    not seen as dead by Ray or by its peers, whose collectives wait for the full timeout, and the
+    orphaned manager outlives everything. Our saves are synchronous (no async_sharded_save): the
+    writer puts its results into the queue in this very process, so a queue.Queue serves and no
+    process is needed at all.
     """
-    import multiprocessing as mp
+    import queue
 
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
-    if getattr(filesystem_async, "_results_queue", None) is None:
-        filesystem_async._results_queue = mp.get_context("fork").Manager().Queue()
+    if not isinstance(getattr(filesystem_async, "_results_queue", None), queue.Queue):
+        filesystem_async._results_queue = queue.Queue()
 
 
 def _load_optimizer(optimizer: Any, state: dict) -> None:
