@@ -35,9 +35,12 @@ def ensure_process_group(timeout_s: float = 600.0) -> None:
     dist.init_process_group(backend=compat.dist_backend(), timeout=datetime.timedelta(seconds=timeout_s))
 
 
-def init_megatron(layout: ParallelLayout, seed: int, timeout_s: float = 600.0) -> None:
+def init_megatron(layout: ParallelLayout, seed: int, timeout_s: Optional[float] = None) -> None:
     """Build megatron's parallel groups for `layout` and seed every RNG (torch.distributed must be up).
 
+    The groups' collective timeout is `timeout_s`, by default the one the default process group was
+    created with (trainer.dist_timeout_s in the workers): megatron's tp/pp/dp groups carry the gradient
+    all-reduces, so a hung peer must fail them as soon as it fails the default group.
     Raises ValueError naming the mismatch when the world size differs from tp*pp*cp*dp, or when this
     process was already initialised with another layout.
     """
@@ -63,7 +66,8 @@ def init_megatron(layout: ParallelLayout, seed: int, timeout_s: float = 600.0) -
         pipeline_model_parallel_size=layout.pp,
         virtual_pipeline_model_parallel_size=layout.vpp,
         context_parallel_size=layout.cp,
-        distributed_timeout_minutes=max(1, int(timeout_s // 60)),
+        # megatron only builds timedelta(minutes=...) from it: a fraction keeps sub-minute timeouts
+        distributed_timeout_minutes=(default_group_timeout_s() if timeout_s is None else timeout_s) / 60.0,
     )
     compat.install_memory_buffer()
     compat.model_parallel_seed(seed)
@@ -105,6 +109,16 @@ def layout_for(world_size: int, tp: int = 1, pp: int = 1, vpp: Optional[int] = N
 
 
 # ------------------------------------------------------------------------------------------ helpers
+def default_group_timeout_s(fallback: float = 600.0) -> float:
+    """The collective timeout of the default process group (torch keeps it on the backend's options)."""
+    try:
+        group = dist.distributed_c10d._get_default_group()
+        device = torch.device("cuda") if dist.get_backend() == "nccl" else torch.device("cpu")
+        return group._get_backend(device).options._timeout.total_seconds()
+    except (AttributeError, RuntimeError, ValueError):  # private API: keep working if it moves
+        return fallback
+
+
 def _check_world(layout: ParallelLayout) -> None:
     world = dist.get_world_size()
     want = layout.tp * layout.pp * layout.cp * layout.dp
