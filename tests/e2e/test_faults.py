@@ -357,6 +357,7 @@ def test_hung_rank_fails_the_collective_within_dist_timeout_naming_rank_and_role
             assert re.search(r"worker 'actor_rollout_ref' rank 0 \(pid \d+ on [^)]*\) raised \w+ in update_actor\(\)",
                              text), t.tail()
             assert "rank(s) [1] had not finished update_actor()" in text, t.tail()
+            t.assert_session_gone(within_s=30)  # the frozen worker too: Ray's kill is a SIGKILL
     finally:
         if victim is not None:
             try:
@@ -376,6 +377,7 @@ def test_nonfinite_loss_errors_before_the_checkpoint(prepared, tmp_path):
         assert rc != 0
         assert re.search(r"NonFiniteError: step 1: actor/grad_norm=(nan|inf|-inf); the update is not checkpointed",
                          t.output), t.tail()
+        t.assert_session_gone(within_s=30)
     assert marker(out) is None
     assert not glob.glob(str(out / "global_step_*"))
 
