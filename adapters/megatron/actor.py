@@ -22,7 +22,6 @@ from hybridrl.config.schema.actor import ActorConfig, ModelConfig, RefConfig
 from hybridrl.config.validate import BatchPlan, ParallelLayout
 from hybridrl.protocol import DataProto
 
-from .batching import mini_batch_rows
 from .forward import MicroBatch, response_log_probs
 from .role import MegatronRole
 
@@ -86,22 +85,11 @@ class MegatronActor(MegatronRole, ActorModel):
     def update_policy(self, data: DataProto) -> dict[str, float]:
         if self.is_reference:
             raise RuntimeError("update_policy called on the reference model (built without an optimizer)")
-        plan = self.batch
-        self.updates += 1
-        self.engine.scheduler.step(1)  # this update runs at lr(step); warm-up starts above lr_warmup_init
         temperature = float(data.meta_info.get("temperature", 1.0))
-        keys = self._input_keys(data)
-        history: list[list[float]] = []
-        for epoch in range(plan.ppo_epochs):
-            seed = self._shuffle_seed(epoch)
-            for rows in mini_batch_rows(len(data), plan.mini_batch_per_dp, seed):
-                mini = data[rows]
-                mbs = self._micro_batches(mini, keys, plan.micro_batch_per_gpu,
-                                          plan.max_token_len_per_gpu if plan.use_dynamic_bsz else None)
-                loss_fn = self._loss_fn(mini, temperature)
-                per_micro, grad_norm, applied = self.engine.train_step(mbs, loss_fn)
-                history.append(self._rank_metrics(per_micro, METRICS) + [grad_norm, float(applied)])
-        return self._summarise(history)
+        out = self._update(data, self._input_keys(data), lambda mini: self._loss_fn(mini, temperature), METRICS)
+        if not self.cfg.use_kl_loss:
+            out.pop("actor/kl_loss")
+        return out
 
     def _loss_fn(self, mini: DataProto, temperature: float):
         cfg = self.cfg
@@ -121,8 +109,7 @@ class MegatronActor(MegatronRole, ActorModel):
             mask = x["response_mask"]
             logp, ent = response_log_probs(out, mb, vocab, temperature, with_entropy=True,
                                            entropy_grad=cfg.entropy_coeff != 0)
-            w_tok = float(mask.sum()) / max(tokens, 1.0)
-            w = {"tokens": w_tok, "rows": mask.shape[0] / max(rows, 1.0), "none": 1.0}[normaliser]
+            w_tok, w = loss_weights(mask, tokens, rows, normaliser)
             is_w = (tis_weights(x["old_log_probs"], x["rollout_log_probs"], cfg.tis_imp_ratio_cap)
                     if "rollout_log_probs" in x else None)
             pg = policy_loss(x["old_log_probs"], logp, x["advantages"], mask, params, agg, is_w)
@@ -150,14 +137,11 @@ class MegatronActor(MegatronRole, ActorModel):
             keys.append("rollout_log_probs")
         return keys
 
-    def _summarise(self, history: list[list[float]]) -> dict[str, float]:
-        n = len(history)
-        names = METRICS + ["actor/grad_norm", "actor/update_applied"]
-        out = {k: sum(h[i] for h in history) / n for i, k in enumerate(names)}
-        if not self.cfg.use_kl_loss:
-            out.pop("actor/kl_loss")
-        out["actor/lr"] = self.engine.lr()
-        return out
+
+def loss_weights(mask: torch.Tensor, tokens: float, rows: float, normaliser: str) -> tuple[float, float]:
+    """(this micro-batch's share of the mini-batch's tokens, its share under the loss normaliser)."""
+    w_tok = float(mask.sum()) / max(tokens, 1.0)
+    return w_tok, {"tokens": w_tok, "rows": mask.shape[0] / max(rows, 1.0), "none": 1.0}[normaliser]
 
 
 def global_counts(mini: DataProto) -> tuple[float, float]:

@@ -13,8 +13,7 @@ from hybridrl.config.schema.critic import CriticConfig
 from hybridrl.config.validate import BatchPlan, ParallelLayout
 from hybridrl.protocol import DataProto
 
-from .actor import NORMALISER, global_counts
-from .batching import mini_batch_rows
+from .actor import NORMALISER, global_counts, loss_weights
 from .forward import MicroBatch, gather_response
 from .role import MegatronRole
 
@@ -55,23 +54,7 @@ class MegatronCritic(MegatronRole, CriticModel):
         return DataProto.from_dict({"values": values})
 
     def update_critic(self, data: DataProto) -> dict[str, float]:
-        plan = self.batch
-        self.updates += 1
-        self.engine.scheduler.step(1)
-        keys = ["response_mask", "values", "returns"]
-        history: list[list[float]] = []
-        for epoch in range(plan.ppo_epochs):
-            seed = self._shuffle_seed(epoch)
-            for rows in mini_batch_rows(len(data), plan.mini_batch_per_dp, seed):
-                mini = data[rows]
-                mbs = self._micro_batches(mini, keys, plan.micro_batch_per_gpu,
-                                          plan.max_token_len_per_gpu if plan.use_dynamic_bsz else None)
-                per_micro, grad_norm, applied = self.engine.train_step(mbs, self._loss_fn(mini))
-                history.append(self._rank_metrics(per_micro, METRICS) + [grad_norm])
-        n = len(history)
-        out = {k: sum(h[i] for h in history) / n for i, k in enumerate(METRICS + ["critic/grad_norm"])}
-        out["critic/lr"] = self.engine.lr()
-        return out
+        return self._update(data, ["response_mask", "values", "returns"], self._loss_fn, METRICS)
 
     def _loss_fn(self, mini: DataProto):
         agg = self.cfg.loss_agg_mode
@@ -83,8 +66,7 @@ class MegatronCritic(MegatronRole, CriticModel):
             x = mb.extras
             mask = x["response_mask"]
             vpreds = response_values(out, mb)
-            w_tok = float(mask.sum()) / max(tokens, 1.0)
-            w = {"tokens": w_tok, "rows": mask.shape[0] / max(rows, 1.0), "none": 1.0}[normaliser]
+            w_tok, w = loss_weights(mask, tokens, rows, normaliser)
             vf = value_loss(vpreds, x["returns"], x["values"], mask, clip, agg)
             metrics = {"critic/vf_loss": vf.vf_loss.detach() * w, "critic/vf_clipfrac": vf.vf_clipfrac * w_tok,
                        "critic/vpred_mean": masked_sum(vpreds.detach(), mask) / max(tokens, 1.0)}

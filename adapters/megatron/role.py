@@ -13,7 +13,7 @@ from hybridrl.config.schema.common import MegatronConfig, OptimConfig
 from hybridrl.config.validate import ParallelLayout
 
 from . import checkpoint, offload, parallel
-from .batching import micro_batches
+from .batching import micro_batches, mini_batch_rows
 from .builder import build_model
 from .engine import Engine, broadcast_from_last_stage, sum_over_dp
 from .hf_config import arch_from_hf, load_hf_config
@@ -81,6 +81,28 @@ class MegatronRole:
         seed = self.cfg.data_loader_seed
         base = seed if seed is not None else self.megatron.seed
         return base * 1_000_003 + self.updates * 1_009 + epoch
+
+    def _update(self, data, keys: list[str], make_loss_fn, metric_names: list[str]) -> dict[str, float]:
+        """One update call: ppo_epochs x mini-batches of this dp rank, one optimizer step each.
+
+        `make_loss_fn(mini)` gives the loss of one mini-batch. Returns the means over the optimizer steps of
+        `metric_names`, `{role}/grad_norm` and `{role}/update_applied` (0 where a non-finite step was skipped).
+        """
+        plan = self.batch
+        self.updates += 1
+        self.engine.scheduler.step(1)  # this update runs at lr(step); warm-up starts above lr_warmup_init
+        history: list[list[float]] = []
+        for epoch in range(plan.ppo_epochs):
+            for rows in mini_batch_rows(len(data), plan.mini_batch_per_dp, self._shuffle_seed(epoch)):
+                mini = data[rows]
+                mbs = self._micro_batches(mini, keys, plan.micro_batch_per_gpu,
+                                          plan.max_token_len_per_gpu if plan.use_dynamic_bsz else None)
+                per_micro, grad_norm, applied = self.engine.train_step(mbs, make_loss_fn(mini))
+                history.append(self._rank_metrics(per_micro, metric_names) + [grad_norm, float(applied)])
+        names = metric_names + [f"{self.role}/grad_norm", f"{self.role}/update_applied"]
+        out = {k: sum(h[i] for h in history) / len(history) for i, k in enumerate(names)}
+        out[f"{self.role}/lr"] = self.engine.lr()
+        return out
 
     def _mb_multiple(self) -> int:
         """The interleaved pipeline schedule needs a multiple of pp micro-batches."""
