@@ -12,14 +12,8 @@ export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 HF_HUB_OF
        VLLM_ENABLE_V1_MULTIPROCESSING=0 HYBRIDRL_MODEL_CACHE=/tmp/mcache TOKENIZERS_PARALLELISM=false
 SMOL=/tmp/smol
 
-step() {  # step NAME TIMEOUT_S CMD...
-  local name=$1 t=$2; shift 2
-  local start=$SECONDS
-  timeout "$t" "$@" > "$OUT/$name.log" 2>&1
-  local rc=$?
-  echo "== $name rc=$rc $((SECONDS - start))s"
-  tail -n 8 "$OUT/$name.log"
-}
+STEP_TAIL=8
+source "$(dirname "$0")/run_lib.sh"
 
 case "$MODE" in
   stage)

@@ -116,7 +116,10 @@ def parity(args: argparse.Namespace) -> None:
     start = time.perf_counter()
     actor = MegatronActor(ModelConfig(path=args.dir), cfg, layout, plan)
     build_s = time.perf_counter() - start
-    full = fixed_batch(n, args.prompt, args.response, actor.arch.vocab_size)
+    from train_bench import random_rollout_batch  # benchmarks/ is this script's folder
+
+    full = random_rollout_batch(n, args.prompt, args.response, actor.arch.vocab_size, min_keep=args.response // 2,
+                                max_id=30000)
     info = actor.dispatch_info()
     rows = slice(info.dp_rank * n // dp, (info.dp_rank + 1) * n // dp)  # this rank's dp slice, as the dispatcher cuts
     mine = DataProto.from_dict({k: v[rows] for k, v in full.items()}, meta_info={"temperature": 1.0})
@@ -155,23 +158,6 @@ def parity(args: argparse.Namespace) -> None:
               f"(build {build_s:.0f}s, update {update_s:.1f}s)", flush=True)
     dist.barrier()
     dist.destroy_process_group()
-
-
-def fixed_batch(n: int, prompt: int, response: int, vocab: int) -> dict[str, torch.Tensor]:
-    """Left-padded prompts and right-padded responses of seeded random ids and lengths (same on every rank)."""
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(10, min(vocab, 30000) - 10, (n, prompt + response), generator=g)
-    mask = torch.ones_like(ids)
-    resp_mask = torch.ones(n, response)
-    for i in range(n):
-        pad = int(torch.randint(0, prompt // 4 + 1, (1,), generator=g))
-        keep = int(torch.randint(response // 2, response + 1, (1,), generator=g))
-        mask[i, :pad] = 0
-        mask[i, prompt + keep:] = 0
-        resp_mask[i, keep:] = 0
-    ids = ids * mask
-    return {"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(1) - 1).clamp(min=0),
-            "responses": ids[:, prompt:].clone(), "response_mask": resp_mask}
 
 
 # ------------------------------------------------------------------------------------------ all-gather

@@ -21,15 +21,7 @@ else
   RESP=256
 fi
 
-step() {  # step NAME TIMEOUT_S CMD...
-  local name=$1 t=$2; shift 2
-  local start=$SECONDS
-  timeout "$t" "$@" > "$OUT/$name.log" 2>&1
-  local rc=$?
-  echo "== $name rc=$rc $((SECONDS - start))s"
-  grep -v -i "warn" "$OUT/$name.log" | tail -n 6
-}
-
+source "$(dirname "$0")/run_lib.sh"
 
 case "$MODE" in
   stage)

@@ -55,22 +55,25 @@ def make_model(folder: str) -> str:
     return folder
 
 
-def make_batch(args: argparse.Namespace, vocab: int) -> dict[str, torch.Tensor]:
-    """Left-padded prompts and right-padded responses of random lengths (3/4 to full), as a rollout returns."""
+def random_rollout_batch(n: int, prompt: int, response: int, vocab: int, min_keep: int | None = None,
+                         max_id: int | None = None) -> dict[str, torch.Tensor]:
+    """Left-padded prompts and right-padded responses of seeded random ids and lengths, as a rollout returns:
+    up to a quarter of each prompt is padding, and responses keep `min_keep` (default 3/4) to all tokens.
+    The same on every rank (fixed seed); ids below `max_id` (default the vocab size)."""
     g = torch.Generator().manual_seed(0)
-    n, P, R = args.samples, args.prompt, args.response
-    ids = torch.randint(10, vocab - 10, (n, P + R), generator=g)
+    ids = torch.randint(10, min(vocab, max_id or vocab) - 10, (n, prompt + response), generator=g)
     mask = torch.ones_like(ids)
-    resp_mask = torch.ones(n, R)
+    resp_mask = torch.ones(n, response)
+    lo = 3 * response // 4 if min_keep is None else min_keep
     for i in range(n):
-        pad = int(torch.randint(0, P // 4 + 1, (1,), generator=g))
-        keep = int(torch.randint(3 * R // 4, R + 1, (1,), generator=g))
+        pad = int(torch.randint(0, prompt // 4 + 1, (1,), generator=g))
+        keep = int(torch.randint(lo, response + 1, (1,), generator=g))
         mask[i, :pad] = 0
-        mask[i, P + keep:] = 0
+        mask[i, prompt + keep:] = 0
         resp_mask[i, keep:] = 0
     ids = ids * mask
     return {"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(1) - 1).clamp(min=0),
-            "responses": ids[:, P:].clone(), "response_mask": resp_mask}
+            "responses": ids[:, prompt:].clone(), "response_mask": resp_mask}
 
 
 def model_flops(arch, lengths: torch.Tensor) -> float:
@@ -118,7 +121,7 @@ def main() -> None:
     workdir = tempfile.mkdtemp(prefix="train_bench_")
     hf_dir = args.model_dir or make_model(workdir)
     (actor, build_s) = timed(lambda: build_actor(hf_dir, args))
-    batch = make_batch(args, actor.arch.vocab_size)
+    batch = random_rollout_batch(args.samples, args.prompt, args.response, actor.arch.vocab_size)
     data = DataProto.from_dict(batch, meta_info={"temperature": 1.0})
     out, logprob_s = timed(lambda: actor.compute_log_prob(data))
     data.batch["old_log_probs"] = out.batch["log_probs"]

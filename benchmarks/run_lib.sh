@@ -1,0 +1,9 @@
+# Shared by the GPU runners (gpu_run.sh, multi_gpu_run.sh); source it after setting OUT.
+step() {  # step NAME TIMEOUT_S CMD...: run CMD into $OUT/NAME.log, print its exit code, time and last lines
+  local name=$1 t=$2; shift 2
+  local start=$SECONDS
+  timeout "$t" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "== $name rc=$rc $((SECONDS - start))s"
+  grep -v -i "warn" "$OUT/$name.log" | tail -n "${STEP_TAIL:-6}"
+}
