@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Collection, Iterator, Optional
 
 import torch
 
@@ -24,6 +24,27 @@ from hybridrl.controller.dispatch import DispatchInfo  # noqa: F401  (re-exporte
 from hybridrl.protocol import DataProto
 
 WeightBucket = list[tuple[str, torch.Tensor]]  # (HuggingFace name, full unsharded tensor)
+
+
+@dataclass(frozen=True)
+class WeightRegion:
+    """A piece of one HF weight that this rank holds in its own training shard.
+
+    `src` is a view of the live parameter whose elements, in C order, are
+    HF[name].narrow(dim, start, stop - start); `extent` is the HF tensor's full size along `dim`.
+    The rollout's direct copy writes these straight into the engine (hybridrl.hybrid.direct).
+    """
+
+    name: str
+    dim: int
+    start: int
+    stop: int
+    extent: int
+    src: torch.Tensor
+
+    @property
+    def whole(self) -> bool:
+        return self.start == 0 and self.stop == self.extent
 
 
 @dataclass(frozen=True)
@@ -69,8 +90,15 @@ class ActorModel(ModelRole):
         """One PPO update over the batch's mini-batches; returns actor/* metrics."""
 
     @abstractmethod
-    def export_weights(self, bucket_bytes: int) -> Iterator[WeightBucket]:
-        """Stream the full model as HF-named tensors in buckets of about `bucket_bytes` (collective)."""
+    def export_weights(self, bucket_bytes: int, names: Optional[Collection[str]] = None) -> Iterator[WeightBucket]:
+        """Stream the full model as HF-named tensors in buckets of about `bucket_bytes` (collective).
+
+        `names`: only these HF weights (every rank passes the same set); None: all of them."""
+
+    def weight_regions(self) -> Optional[list[WeightRegion]]:
+        """This rank's pieces of every HF weight as views of its live parameters, in the same order on
+        every rank, or None where the rank does not hold all of them (e.g. pipeline stages)."""
+        return None
 
 
 class CriticModel(ModelRole):

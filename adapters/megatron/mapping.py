@@ -1,8 +1,8 @@
 """THE weight mapping between HuggingFace names/layouts and megatron-core GPTModel shards.
 
 Import (HF safetensors -> shards), export (shards -> HF tensors, also used by the rollout weight
-sync), the converter CLIs and the merger all go through `plan()` and the two conversions below;
-no other file knows how QKV is fused or where padding goes.
+sync), the rollout's direct copy, the converter CLIs and the merger all go through `plan()` and
+`shard_regions()`; no other file knows how QKV is fused or where padding goes.
 
 Layouts (h hidden, d head_dim, n heads, k kv heads, p = n/k heads per group, f ffn, V vocab,
 Vp padded vocab, tp rank r of t):
@@ -112,78 +112,103 @@ def _layer_entries(arch: ModelArch, topo: Topology, layer: int) -> list[Entry]:
     return out
 
 
+# ------------------------------------------------------------------------------------------ regions
+@dataclass(frozen=True)
+class Region:
+    """Where one piece of an HF tensor sits inside a tp rank's shard.
+
+    `view` is a view of the shard whose elements, in C order, are HF[hf].narrow(dim, start, stop - start)
+    in C order (for qkv with several query groups it is 3-D: [groups, rows per group, *tail]).
+    """
+
+    hf: str
+    dim: int  # 0: a range of the HF tensor's rows, 1: of its columns
+    start: int
+    stop: int
+    view: torch.Tensor
+
+
+def shard_regions(entry: Entry, shard: torch.Tensor, arch: ModelArch, rank: int, tp: int) -> list[Region]:
+    """The pieces of HF tensors that tp rank `rank`'s shard of `entry` holds: the one statement of every
+    layout above. Import, export and the rollout's direct copy are all built on it."""
+    shapes, hf = entry.hf_shapes, entry.hf
+    if entry.kind == "replicated":
+        return [Region(hf[0], 0, 0, shapes[0][0], shard)]
+    if entry.kind == "column":
+        n = shapes[0][0] // tp
+        return [Region(hf[0], 0, rank * n, (rank + 1) * n, shard)]
+    if entry.kind == "row":
+        n = shapes[0][1] // tp
+        return [Region(hf[0], 1, rank * n, (rank + 1) * n, shard)]
+    if entry.kind == "vocab":  # padding rows past the real vocabulary belong to no HF row
+        rows = shard.shape[0]
+        start, stop = rank * rows, min((rank + 1) * rows, arch.vocab_size)
+        return [Region(hf[0], 0, start, stop, shard[: stop - start])] if stop > start else []
+    if entry.kind == "fc1":
+        n = arch.ffn_hidden_size // tp
+        return [Region(hf[0], 0, rank * n, (rank + 1) * n, shard[:n]),
+                Region(hf[1], 0, rank * n, (rank + 1) * n, shard[n:])]
+    if entry.kind == "qkv":
+        d, p = arch.head_dim, arch.heads_per_group
+        groups = arch.num_kv_heads // tp
+        g0, tail = rank * groups, shard.shape[1:]
+        q, k, v = shard.view(groups, (p + 2) * d, *tail).split([p * d, d, d], dim=1)
+        if groups == 1:  # one group: each piece is a contiguous block of rows
+            q, k, v = (x.reshape(-1, *tail) for x in (q, k, v))
+        return [Region(hf[0], 0, g0 * p * d, (g0 + groups) * p * d, q),
+                Region(hf[1], 0, g0 * d, (g0 + groups) * d, k),
+                Region(hf[2], 0, g0 * d, (g0 + groups) * d, v)]
+    raise AssertionError(f"unknown mapping kind {entry.kind!r}")
+
+
 # ------------------------------------------------------------------------------------------ HF -> shard
 def hf_to_shard(entry: Entry, read: Reader, arch: ModelArch, rank: int, tp: int) -> torch.Tensor:
     """This tp rank's megatron shard of `entry`, reading only the rows/columns it needs."""
     if entry.kind == "replicated":
         return read(entry.hf[0], None, None)
-    if entry.kind == "column":
-        return read(entry.hf[0], _part(entry.hf_shapes[0][0], rank, tp), None)
-    if entry.kind == "row":
-        return read(entry.hf[0], None, _part(entry.hf_shapes[0][1], rank, tp))
-    if entry.kind == "vocab":
-        return _vocab_shard(entry, read, arch, rank, tp)
-    if entry.kind == "fc1":
-        rows = _part(arch.ffn_hidden_size, rank, tp)
-        return torch.cat([read(entry.hf[0], rows, None), read(entry.hf[1], rows, None)], dim=0)
-    if entry.kind == "qkv":
-        return _qkv_shard(entry, read, arch, rank, tp)
-    raise AssertionError(f"unknown mapping kind {entry.kind!r}")
+    shard: Optional[torch.Tensor] = None
+    probe = torch.empty(shard_shape(entry, arch, tp), device="meta")
+    for region in shard_regions(entry, probe, arch, rank, tp):
+        span = slice(region.start, region.stop)
+        part = read(region.hf, span, None) if region.dim == 0 else read(region.hf, None, span)
+        if shard is None:  # zeros: vocab padding rows stay 0
+            shard = torch.zeros(probe.shape, dtype=part.dtype, device=part.device)
+        _view_like(shard, region).copy_(part.reshape(region.view.shape))
+    return torch.zeros(probe.shape) if shard is None else shard  # None: a vocab shard of padding rows only
 
 
-def _part(n: int, rank: int, tp: int) -> slice:
-    size = n // tp
-    return slice(rank * size, (rank + 1) * size)
-
-
-def _vocab_shard(entry: Entry, read: Reader, arch: ModelArch, rank: int, tp: int) -> torch.Tensor:
-    padded = arch.padded_vocab(tp)
-    rows = _part(padded, rank, tp)
-    real = slice(rows.start, min(rows.stop, arch.vocab_size))
-    h = entry.hf_shapes[0][1]
-    if real.start >= real.stop:
-        return torch.zeros(rows.stop - rows.start, h)
-    part = read(entry.hf[0], real, None)
-    pad = (rows.stop - rows.start) - part.shape[0]
-    return torch.cat([part, part.new_zeros(pad, h)]) if pad else part
-
-
-def _qkv_shard(entry: Entry, read: Reader, arch: ModelArch, rank: int, tp: int) -> torch.Tensor:
-    d, p = arch.head_dim, arch.heads_per_group
-    groups = arch.num_kv_heads // tp
-    g0 = rank * groups
-    q = read(entry.hf[0], slice(g0 * p * d, (g0 + groups) * p * d), None)
-    k = read(entry.hf[1], slice(g0 * d, (g0 + groups) * d), None)
-    v = read(entry.hf[2], slice(g0 * d, (g0 + groups) * d), None)
-    tail = q.shape[1:]  # (h,) for weights, () for biases
-    fused = torch.cat([q.reshape(groups, p * d, *tail), k.reshape(groups, d, *tail), v.reshape(groups, d, *tail)], 1)
-    return fused.reshape(-1, *tail)
+def _view_like(shard: torch.Tensor, region: Region) -> torch.Tensor:
+    """The same view `region.view` is of a (meta) probe, taken of the real `shard`."""
+    v = region.view
+    return shard.as_strided(v.shape, v.stride(), v.storage_offset())
 
 
 # ------------------------------------------------------------------------------------------ shards -> HF
 def shards_to_hf(entry: Entry, shards: list[torch.Tensor], arch: ModelArch) -> list[tuple[str, torch.Tensor]]:
     """Full HF tensors from all tp ranks' shards of `entry` (rank order), padding stripped."""
-    if entry.kind == "replicated":
-        return [(entry.hf[0], shards[0])]
-    if entry.kind == "column":
-        return [(entry.hf[0], torch.cat(shards, 0))]
-    if entry.kind == "row":
-        return [(entry.hf[0], torch.cat(shards, 1))]
-    if entry.kind == "vocab":
-        return [(entry.hf[0], torch.cat(shards, 0)[: arch.vocab_size])]
-    if entry.kind == "fc1":
-        halves = [s.chunk(2, dim=0) for s in shards]
-        return [(entry.hf[0], torch.cat([g for g, _ in halves], 0)), (entry.hf[1], torch.cat([u for _, u in halves], 0))]
-    if entry.kind == "qkv":
-        return _qkv_unfuse(entry, torch.cat(shards, 0), arch)
-    raise AssertionError(f"unknown mapping kind {entry.kind!r}")
+    tp = len(shards)
+    regions = [(r, region) for r, s in enumerate(shards) for region in shard_regions(entry, s, arch, r, tp)]
+    out = []
+    for name, shape in zip(entry.hf, entry.hf_shapes):
+        mine = [region for _, region in regions if region.hf == name]
+        if len(mine) == 1 and mine[0].view.is_contiguous() and mine[0].view.numel() == _numel(shape):
+            out.append((name, mine[0].view.reshape(shape)))  # the whole tensor in one piece: no copy
+            continue
+        full = shards[0].new_empty(shape)
+        for region in mine:
+            target = full.narrow(region.dim, region.start, region.stop - region.start)
+            if region.dim == 0:  # a block of rows: contiguous, so it takes the region's (3-D qkv) shape
+                target = target.view(region.view.shape)
+            target.copy_(region.view)
+        out.append((name, full))
+    return out
 
 
-def _qkv_unfuse(entry: Entry, fused: torch.Tensor, arch: ModelArch) -> list[tuple[str, torch.Tensor]]:
-    d, p, groups = arch.head_dim, arch.heads_per_group, arch.num_kv_heads
-    tail = fused.shape[1:]
-    q, k, v = fused.reshape(groups, (p + 2) * d, *tail).split([p * d, d, d], dim=1)
-    return [(name, t.reshape(-1, *tail)) for name, t in zip(entry.hf, (q, k, v))]
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
 
 
 def is_tp_split(entry: Entry) -> bool:

@@ -4,11 +4,11 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
-from typing import Any, Iterator, Optional
+from typing import Any, Collection, Iterator, Optional
 
 import torch
 
-from hybridrl.adapters.base import DispatchInfo, OffloadReport, WeightBucket
+from hybridrl.adapters.base import DispatchInfo, OffloadReport, WeightBucket, WeightRegion
 from hybridrl.config.schema.common import MegatronConfig, OptimConfig
 from hybridrl.config.validate import ParallelLayout
 
@@ -17,7 +17,7 @@ from .batching import micro_batches, mini_batch_rows
 from .builder import build_model
 from .engine import Engine, broadcast_from_last_stage, sum_over_dp
 from .hf_config import arch_from_hf, load_hf_config
-from .weights import export_hf_weights, load_hf_weights
+from .weights import export_hf_weights, load_hf_weights, local_regions
 
 log = logging.getLogger(__name__)
 
@@ -52,14 +52,22 @@ class MegatronRole:
                              total_training_steps, megatron.override_ddp_config)
         self.updates = 0  # update calls so far (the LR scheduler counts the same steps)
         self._offloaded = offload.State()
+        self._regions: Optional[list[WeightRegion]] = None  # weight_regions(), built on first use
 
     # ---------------------------------------------------------------------------------- interface
     def dispatch_info(self) -> DispatchInfo:
         return parallel.dispatch_info()
 
-    def export_weights(self, bucket_bytes: int) -> Iterator[WeightBucket]:
+    def export_weights(self, bucket_bytes: int, names: Optional[Collection[str]] = None) -> Iterator[WeightBucket]:
         """Full HF-named tensors in buckets (collective); parameters must be on the device (onload first)."""
-        return export_hf_weights(self.engine.chunks, self.arch, self.layout, bucket_bytes, value_head=self.value_head)
+        return export_hf_weights(self.engine.chunks, self.arch, self.layout, bucket_bytes, value_head=self.value_head,
+                                 names=names)
+
+    def weight_regions(self) -> Optional[list[WeightRegion]]:
+        # Views stay valid across offload/onload: that resizes the storages the views share.
+        if self._regions is None:
+            self._regions = local_regions(self.engine.chunks, self.arch, self.layout, value_head=self.value_head) or []
+        return self._regions or None
 
     def offload(self, params: bool, grads: bool, optimizer: bool) -> OffloadReport:
         return offload.offload(self.engine, self._offloaded, params, grads, optimizer)

@@ -6,22 +6,24 @@ fixed plan order, the owning pipeline stage all-gathers the tp shards and un-fus
 tensors, then broadcasts them over the pipeline group, so EVERY rank receives full HF tensors,
 bucket by bucket (never the whole model at once). Data-parallel replicas hold identical weights
 and do the same work independently. This is also what the rollout weight sync calls.
+`local_regions` (no communication): what this rank's own shards hold of each HF weight, as views,
+for the rollout's direct copy when the engine's layout matches the training layout.
 """
 from __future__ import annotations
 
-from typing import Iterator, Optional
+from typing import Collection, Iterator, Optional
 
 import torch
 import torch.distributed as dist
 
-from hybridrl.adapters.base import WeightBucket
+from hybridrl.adapters.base import WeightBucket, WeightRegion
 from hybridrl.config.validate import ParallelLayout
 
 from . import compat
 from .builder import unwrap
 from .hf_config import ModelArch
 from .hf_io import SafetensorsReader
-from .mapping import Entry, Topology, hf_to_shard, is_tp_split, plan, shards_to_hf
+from .mapping import Entry, Topology, hf_to_shard, is_tp_split, plan, shard_regions, shards_to_hf
 
 
 def topology(chunks: list[torch.nn.Module], layout: ParallelLayout, value_head: bool) -> Topology:
@@ -88,26 +90,31 @@ def _check_shapes(entry: Entry, reader: SafetensorsReader) -> None:
 
 
 def export_hf_weights(chunks: list[torch.nn.Module], arch: ModelArch, layout: ParallelLayout,
-                      bucket_bytes: int = 512 << 20, value_head: bool = False) -> Iterator[WeightBucket]:
+                      bucket_bytes: int = 512 << 20, value_head: bool = False,
+                      names: Optional[Collection[str]] = None) -> Iterator[WeightBucket]:
     """Yield lists of (hf_name, full tensor) of about `bucket_bytes` on every rank (collective).
 
-    Every rank must iterate to the end (the collectives run inside the generator). Tensors are in the
-    model dtype on the training device and may alias live parameters: copy them before the next update.
+    Every rank must iterate to the end (the collectives run inside the generator) and pass the same
+    `names` (only those HF weights; None: all). Tensors are in the model dtype on the training device
+    and may alias live parameters: copy them before the next update.
     """
     from megatron.core import parallel_state as ps
 
     tp_rank, pp_rank = _ranks()
     params = _params(chunks)
     dtype = next(iter(params[0].values())).dtype
+    wanted = None if names is None else set(names)
     bucket: WeightBucket = []
     size = 0
     for entry in plan(arch, topology(chunks, layout, value_head)):
-        if not entry.export:
+        if not entry.export or (wanted is not None and wanted.isdisjoint(entry.hf)):
             continue
         tensors = _gather_on_owner(entry, params, arch, layout) if entry.pp_rank == pp_rank else None
         if layout.pp > 1:
             tensors = _broadcast_from_owner(entry, tensors, dtype, ps.get_pipeline_model_parallel_group())
         for name, t in tensors:
+            if wanted is not None and name not in wanted:
+                continue
             bucket.append((name, t))
             size += t.numel() * t.element_size()
         if size >= bucket_bytes:
@@ -115,6 +122,25 @@ def export_hf_weights(chunks: list[torch.nn.Module], arch: ModelArch, layout: Pa
             bucket, size = [], 0
     if bucket:
         yield bucket
+
+
+def local_regions(chunks: list[torch.nn.Module], arch: ModelArch, layout: ParallelLayout,
+                  value_head: bool = False) -> Optional[list[WeightRegion]]:
+    """Every exported HF weight's pieces in this rank's shards (views of the live parameters), in
+    plan order; None under pipeline parallelism, where a rank holds only its stage's layers."""
+    if layout.pp > 1:
+        return None
+    tp_rank, _ = _ranks()
+    params = _params(chunks)
+    out = []
+    for entry in plan(arch, topology(chunks, layout, value_head)):
+        if not entry.export:
+            continue
+        shard = _param(params, entry).detach()
+        extents = dict(zip(entry.hf, entry.hf_shapes))
+        for r in shard_regions(entry, shard, arch, tp_rank, layout.tp):
+            out.append(WeightRegion(r.hf, r.dim, r.start, r.stop, extents[r.hf][r.dim], r.view))
+    return out
 
 
 def _gather_on_owner(entry: Entry, params, arch: ModelArch, layout: ParallelLayout) -> list[tuple[str, torch.Tensor]]:

@@ -4,6 +4,7 @@ the Megatron layout (tp, pp, dp) into the rollout engine's layout (tp_g, dp_g).
 - plan.py: ReshardPlan, the rank maps, prompt chunks and the export's collectives;
 - weight_sync.py: WeightSync, the ordered memory phases and bucketed streaming, and
   generate_sequences, the per-step call of a rollout worker;
+- direct.py: the direct copy of the actor's shards into the engine where the layouts match;
 - checks.py: checksums after each sync, the rollout-vs-actor log-prob gap.
 """
 from .checks import WeightSyncError, logprob_gap, tensor_checksum

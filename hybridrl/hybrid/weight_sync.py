@@ -5,13 +5,17 @@ Ordering (every rank runs it; the export is collective, so all ranks take the sa
   push(step)
     1. actor.offload(optimizer, grads)       free training-only memory before the engine takes any
     2. engine.wake_up(["weights"])           re-allocate the engine's weight buffers
-    3. for bucket in actor.export_weights(bucket_bytes):
+    3a. direct.run()                         weights proven copyable (direct.py): actor shard views ->
+                                             engine weight views, no export, no extra memory
+    3b. for bucket in actor.export_weights(bucket_bytes, the other names):
            record checksums of the sampled tensors (sender side), engine.load_weights(bucket)
                                              one bucket alive at a time: the loop drops its reference
                                              before asking the export for the next one, so the peak is
                                              training shards + one bucket + the engine's own copy
     4. engine.finish_weight_sync()           the engine fails if a weight was not sent
-    5. checks: engine.weight_checksums(sampled names) vs the sender's sums -> WeightSyncError naming it
+       (first sync only: prove the direct copy against what load_weights wrote; all ranks agree)
+    5. checks: engine.weight_checksums(sampled names) vs the sender's sums -> WeightSyncError naming it;
+       directly copied weights: the engine's destination sums vs the actor's source sums
     6. actor.offload(params)                 only with param_offload: the export needed them until here
     7. engine.wake_up(["kv_cache"])          KV cache last, into the memory the actor gave up
   (generate)
@@ -33,9 +37,10 @@ from typing import Any, Iterator, Optional
 from hybridrl.adapters.base import ActorModel
 from hybridrl.protocol import DataProto
 from hybridrl.rollout.base import RolloutEngine, SamplingParams
-from hybridrl.utils.device import device_memory_used
+from hybridrl.utils.device import device_memory_used, synchronize
 
 from .checks import SentChecksums, WeightSyncError, compare_checksums
+from .direct import DirectCopy, prove
 from .plan import ReshardPlan
 
 MB = 1 << 20
@@ -49,6 +54,7 @@ class SyncOptions:
     free_cache_engine: bool = True
     check: bool = True
     check_fraction: float = 1.0
+    direct: bool = True  # copy shards straight into the engine where proven (hybridrl.hybrid.direct)
 
     def __post_init__(self) -> None:
         if self.bucket_bytes < 1:
@@ -67,6 +73,7 @@ class SyncOptions:
             free_cache_engine=rollout_cfg.free_cache_engine,
             check=rollout_cfg.sync_check.enable,
             check_fraction=rollout_cfg.sync_check.sample_fraction,
+            direct=rollout_cfg.direct_weight_copy,
         )
 
 
@@ -79,6 +86,8 @@ class WeightSync:
         self.plan = plan  # for the logs: what the first sync did, in layout terms
         self._offloaded: Optional[dict[str, bool]] = None  # what push() offloaded, for release()
         self._described = False
+        self._direct: Optional[DirectCopy] = None  # set after the first sync proved it
+        self._all_names: Optional[frozenset[str]] = None  # every weight the first (full) sync streamed
 
     # ------------------------------------------------------------------ the phases
     def push(self, step: int) -> dict[str, float]:
@@ -90,10 +99,13 @@ class WeightSync:
         start = time.perf_counter()
         self.engine.wake_up(["weights"])
         sent = SentChecksums(step, self.options.check_fraction, self.engine.weight_dtype, self.engine.checksum_terms)
+        first = self._all_names is None
         metrics.update(self._stream(sent))
         self.engine.finish_weight_sync()
+        if first:
+            metrics.update(self._prove_direct(metrics))
         if self.options.check:
-            metrics.update(self._check(sent))
+            metrics.update(self._check(sent, step))
         metrics["timing_s/reshard"] = time.perf_counter() - start
         self._describe_once(int(metrics["reshard/bytes"]))
         if self.options.param_offload:
@@ -140,24 +152,59 @@ class WeightSync:
 
     def _stream(self, sent: SentChecksums) -> dict[str, float]:
         start = time.perf_counter()
+        direct, names = self._direct, None
+        if direct is not None:
+            direct.run()
+            self.engine.weights_copied(direct.names)
+            names = self._all_names - direct.names
         seen: set[str] = set()
         total = buckets = tensors = biggest = 0
-        for bucket in self.actor.export_weights(self.options.bucket_bytes):
+        if names is None:
+            export = self.actor.export_weights(self.options.bucket_bytes)
+        else:  # only what the direct copy does not cover (nothing at all when it covers everything)
+            export = self.actor.export_weights(self.options.bucket_bytes, names) if names else iter(())
+        for bucket in export:
             size = _bucket_bytes(bucket, seen, buckets)
             sent.record_bucket(bucket)
             self.engine.load_weights(bucket)
             total, buckets, tensors, biggest = total + size, buckets + 1, tensors + len(bucket), max(biggest, size)
             del bucket  # before the export builds the next one: never two buckets alive
-        if buckets == 0:
+        if buckets == 0 and direct is None:
             raise WeightSyncError("actor.export_weights yielded no weights")
-        return {"timing_s/reshard_stream": time.perf_counter() - start, "reshard/bytes": float(total),
-                "reshard/buckets": float(buckets),
+        if self._all_names is None:
+            self._all_names = frozenset(seen)
+        synchronize()  # the weights are in when the copies have run, not when they were queued
+        copied = direct.bytes if direct is not None else 0
+        return {"timing_s/reshard_stream": time.perf_counter() - start, "reshard/bytes": float(total + copied),
+                "reshard/direct_bytes": float(copied), "reshard/buckets": float(buckets),
                 "reshard/tensors": float(tensors), "reshard/max_bucket_bytes": float(biggest)}
 
-    def _check(self, sent: SentChecksums) -> dict[str, float]:
+    def _prove_direct(self, metrics: dict[str, float]) -> dict[str, float]:
+        """After the first (full, bucketed) sync: which weights may be copied directly from now on."""
+        regions = self.actor.weight_regions() if self.options.direct else None
+        if regions is None:
+            return {}
         start = time.perf_counter()
-        engine_sums = self.engine.weight_checksums(sent.names())
-        metrics = compare_checksums(sent, engine_sums, rtol=self.engine.checksum_rtol)
+        self._direct = prove(regions, self.engine.weight_views(regions), self._group_of)
+        covered = self._direct.bytes / max(metrics.get("reshard/bytes", 0.0), 1.0)
+        log.info("direct weight copy: %d of %d weights (%.0f%% of the bytes) proven against load_weights; "
+                 "the rest streams through the export", len(self._direct.names), len(self._all_names), 100 * covered)
+        if not self._direct.pairs:
+            self._direct = None
+        return {"timing_s/direct_prove": time.perf_counter() - start}
+
+    def _group_of(self, name: str) -> str:
+        """The engine's checksum group (a fused parameter's members go direct together)."""
+        return self.engine.checksum_terms(name)[0][0]
+
+    def _check(self, sent: SentChecksums, step: int) -> dict[str, float]:
+        start = time.perf_counter()
+        metrics = {"sync_check/tensors_checked": 0.0, "sync_check/max_rel_diff": 0.0}
+        if sent.names() or self._direct is None:
+            engine_sums = self.engine.weight_checksums(sent.names())
+            metrics.update(compare_checksums(sent, engine_sums, rtol=self.engine.checksum_rtol))
+        if self._direct is not None:
+            metrics.update(self._direct.check(step, self.options.check_fraction, self._group_of))
         metrics["timing_s/sync_check"] = time.perf_counter() - start
         return metrics
 

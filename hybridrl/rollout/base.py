@@ -14,18 +14,22 @@ Output batch (B * n samples, each prompt's n samples adjacent, i.e. repeat(n, in
 Non-tensor keys are repeated alongside.
 
 Engines hold their own copy of the weights, keyed by HuggingFace names; the hybrid engine fills it with
-`load_weights` (buckets of (hf_name, full tensor)), so an engine never reads a checkpoint itself.
+`load_weights` (buckets of (hf_name, full tensor)), or, for the pieces `weight_views` can place, by
+copying the actor's shards straight in; an engine never reads a checkpoint itself.
 """
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence
 
 import torch
 
 from hybridrl.protocol import DataProto
 from hybridrl.utils.registry import Registry
+
+if TYPE_CHECKING:
+    from hybridrl.adapters.base import WeightRegion
 
 ROLLOUT_ENGINES: Registry = Registry("rollout engine", key="actor_rollout_ref.rollout.name")
 
@@ -86,6 +90,18 @@ class RolloutEngine(ABC):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy HF-named full tensors into the engine's weights (it shards them itself for tp_g)."""
 
+    def weight_views(self, regions: Sequence["WeightRegion"]) -> list[Optional[torch.Tensor]]:
+        """For each region (a piece of an HF weight the actor holds on this rank), the view of this
+        engine's own weight that holds exactly that piece, shaped like `region.src`; None where it is
+        not held that way here. A weight gets views only if its regions cover every element of it this
+        rank's engine holds: the direct copy (hybridrl.hybrid.direct) then replaces load_weights for it.
+        Default: no views (every weight streams through load_weights)."""
+        return [None] * len(regions)
+
+    def weights_copied(self, names: Iterable[str]) -> None:
+        """The named weights were written through weight_views in this sync (finish_weight_sync's bookkeeping)."""
+        return None
+
     def finish_weight_sync(self) -> None:
         """Called once after the last bucket of a full sync: fail if a weight was not loaded, post-process."""
         return None
@@ -107,3 +123,10 @@ class RolloutEngine(ABC):
 
     def memory(self) -> EngineMemory:
         return EngineMemory()
+
+
+def shaped_view(view: torch.Tensor, shape: torch.Size) -> Optional[torch.Tensor]:
+    """`view` as `shape` without a copy (what `weight_views` returns), or None if that needs a copy."""
+    if view.shape == shape:
+        return view
+    return view.view(shape) if view.is_contiguous() else None

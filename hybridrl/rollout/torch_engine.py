@@ -12,7 +12,7 @@ cache (`batch_select_indices`), so the step cost follows the rows still running.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence
 
 import torch
 
@@ -20,8 +20,11 @@ from hybridrl.hybrid.checks import tensor_checksum
 from hybridrl.protocol import DataProto
 
 from .assemble import assemble_rollout
-from .base import ROLLOUT_ENGINES, EngineMemory, RolloutEngine, SamplingParams, eos_token_ids
+from .base import ROLLOUT_ENGINES, EngineMemory, RolloutEngine, SamplingParams, eos_token_ids, shaped_view
 from .sampling import RowSampler, StopChecker, processed_log_probs
+
+if TYPE_CHECKING:
+    from hybridrl.adapters.base import WeightRegion
 
 
 class WeightLoadError(ValueError):
@@ -88,6 +91,24 @@ class TorchRolloutEngine(RolloutEngine):
                                       f"but arrived with different values")
             target.copy_(tensor)
             self._pending.add(canonical)
+
+    def weight_views(self, regions: Sequence[WeightRegion]) -> list[Optional[torch.Tensor]]:
+        """Full tensors on every rank: a weight is placeable when this rank's regions cover all of it."""
+        views: list[Optional[torch.Tensor]] = []
+        covered: dict[str, int] = {}
+        for r in regions:
+            target = self._params.get(r.name)
+            view = None
+            if target is not None and target.dim() > r.dim and target.shape[r.dim] == r.extent:
+                view = shaped_view(target.narrow(r.dim, r.start, r.stop - r.start), r.src.shape)
+            views.append(view)
+            covered[r.name] = covered.get(r.name, 0) + (view.numel() if view is not None else -(1 << 62))
+        whole = {name: n == self._params[name].numel() for name, n in covered.items() if name in self._params}
+        return [v if v is not None and whole[r.name] else None for r, v in zip(regions, views)]
+
+    def weights_copied(self, names: Iterable[str]) -> None:
+        self._require_awake("weights", "weights_copied")
+        self._pending.update(self._canonical[n] for n in names)
 
     def finish_weight_sync(self) -> None:
         missing = sorted(self._required - self._pending)

@@ -14,14 +14,17 @@ nothing worth offloading to host memory), `wake_up(["weights"])` re-allocates be
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence
 
 import torch
 
 from hybridrl.protocol import DataProto
 
 from .assemble import assemble_rollout
-from .base import ROLLOUT_ENGINES, EngineMemory, RolloutEngine, SamplingParams
+from .base import ROLLOUT_ENGINES, EngineMemory, RolloutEngine, SamplingParams, shaped_view
+
+if TYPE_CHECKING:
+    from hybridrl.adapters.base import WeightRegion
 
 # Must be set before vllm is imported anywhere in this process.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -93,6 +96,10 @@ class VLLMRolloutEngine(RolloutEngine):
         hf = self.llm.llm_engine.model_config.hf_config
         kv = getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads
         self._kv_replicas = float(max(1, tp_size // kv))
+        head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+        # HF rows of each member of a fused parameter, in vLLM's stacking order
+        self._fused_rows = {"qkv_proj": (hf.num_attention_heads * head_dim, kv * head_dim, kv * head_dim),
+                            "gate_up_proj": (hf.intermediate_size, hf.intermediate_size)}
 
     @classmethod
     def from_config(cls, model_dir: str, rollout_cfg: Any, *, tp_g: int, pad_token_id: int,
@@ -159,6 +166,14 @@ class VLLMRolloutEngine(RolloutEngine):
         batch = list(weights)  # a bucket: already bounded in size by the sender
         self.llm.apply_model(lambda model: model.load_weights(batch))
 
+    def weight_views(self, regions: Sequence[WeightRegion]) -> list[Optional[torch.Tensor]]:
+        """Views into vLLM's (tp_g-sharded, fused) parameters; see `_weight_views`."""
+        from vllm.distributed import get_tensor_model_parallel_rank
+
+        wanted = list(regions)
+        rank = get_tensor_model_parallel_rank()
+        return self.llm.apply_model(lambda model: _weight_views(model, wanted, self.tp_size, rank, self._fused_rows))[0]
+
     def weight_checksums(self, hf_names: Iterable[str]) -> dict[str, float]:
         """Float64 sums of the named HF weights as vLLM holds them, reduced over the replica's tp group.
 
@@ -203,6 +218,60 @@ def _vllm_name(hf_name: str) -> tuple[str, int, int]:
             if f".{m}." in hf_name:
                 return hf_name.replace(f".{m}.", f".{fused}."), i, len(members)
     return hf_name, 0, 1
+
+
+def _weight_views(model: torch.nn.Module, regions: list[WeightRegion], tp: int, rank: int,
+                  fused_rows: dict[str, tuple[int, ...]]) -> list[Optional[torch.Tensor]]:
+    """Where each region lands in this tp rank's vLLM parameters (RolloutEngine.weight_views).
+
+    vLLM's layout on tp rank r of t: a fused parameter stacks its members' local rows (each member's HF
+    rows split t ways); a sharded one holds block r of its sharded dim (vocab rows padded past the HF
+    extent); a replicated one all of it. A (parameter, member) gets views only if the regions cover
+    every HF element it holds here; the proof against load_weights (hybrid.direct) checks the rest.
+    """
+    params = dict(model.named_parameters())
+    placed: list[tuple[tuple[str, int], Optional[torch.Tensor]]] = []
+    need: dict[tuple[str, int], int] = {}
+    for r in regions:
+        vname, member, _ = _vllm_name(r.name)
+        p = params.get(vname)
+        key = (vname, member)
+        if p is None:
+            placed.append((key, None))
+            continue
+        view, need[key] = _place(p, r, fused_rows.get(vname.split(".")[-2]), member, tp, rank)
+        placed.append((key, view))
+    got: dict[tuple[str, int], int] = {}
+    for key, view in placed:
+        got[key] = got.get(key, 0) + (view.numel() if view is not None else -(1 << 62))
+    return [view if view is not None and got[key] == need[key] else None for key, view in placed]
+
+
+def _place(p: torch.Tensor, r: WeightRegion, fused: Optional[tuple[int, ...]], member: int, tp: int,
+           rank: int) -> tuple[Optional[torch.Tensor], int]:
+    """(the view of `p` holding region r, the number of HF elements of r's weight that `p` holds here)."""
+    if fused is not None:  # members stacked along dim 0, each split over tp
+        if any(rows % tp for rows in fused):
+            return None, -1  # replicated kv heads: not a plain split
+        local = [rows // tp for rows in fused]
+        dim, lo, n, offset = 0, rank * local[member], local[member], sum(local[:member])
+    else:
+        sharded = getattr(p, "output_dim", None)
+        sharded = getattr(p, "input_dim", None) if sharded is None else sharded
+        dim = r.dim
+        if p.dim() <= dim:
+            return None, -1
+        if tp == 1 or (sharded is None and p.shape[dim] == r.extent):
+            lo = 0  # replicated
+        elif sharded == dim or (sharded is None and p.shape[dim] < r.extent):
+            lo = rank * p.shape[dim]  # vLLM's tp attributes are missing on some sharded params (tied embedding)
+        else:
+            return None, -1
+        n, offset = p.shape[dim], 0
+    held = max(0, min(lo + n, r.extent) - lo) * (p.numel() // p.shape[dim])  # rows past the extent: padding
+    if r.dim != dim or r.start < lo or r.stop > lo + n:
+        return None, held
+    return shaped_view(p.narrow(dim, offset + r.start - lo, r.stop - r.start), r.src.shape), held
 
 
 def _local_sums(model: torch.nn.Module, hf_names: list[str], tp_size: int) -> dict[str, float]:

@@ -18,6 +18,12 @@ def device_memory_used() -> int:
     return int(total - free)
 
 
+def synchronize() -> None:
+    """Wait for this process's queued device work (timings end here); no-op on CPU."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 def device_name() -> str:
     return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
 

@@ -1,7 +1,8 @@
 """3D-HybridEngine over gloo: weights of a tiny random Llama (untied) and Qwen2 (tied, qkv bias) go
 HF safetensors -> MegatronActor (tp, pp) = (2,1), (1,2), (2,2) on 4 ranks -> WeightSync -> torch
 rollout engine for tp_g = 1 and 2. One torchrun launch; every rank reports, the test checks:
-  * every streamed tensor equals the HF tensor bitwise; nothing missing, nothing twice;
+  * every streamed tensor equals the HF tensor bitwise; nothing missing, nothing twice; at the second
+    sync of a layout without pipeline stages the norms are copied directly (proven at the first);
   * the rollout log-probs equal the Megatron actor's teacher-forced log-probs (fp32, < 1e-5), also
     after a PPO update and a re-sync (the engine follows the trained weights);
   * the plan's placement agrees with megatron's parallel_state; replicas are consecutive tp_g ranks;
@@ -78,6 +79,13 @@ def test_streamed_tensors_equal_hf_bitwise(reports):
         # the export closes a bucket once it reaches the limit: at most one mapping entry over it
         # (the largest entry here: fc1 = gate + up, 2 x 96 x 64 fp32)
         assert r["metrics"]["reshard/max_bucket_bytes"] < r["bucket_bytes"] + 2 * 96 * 64 * 4, where(r)
+        if r.get("after_update") and r["pp"] == 1:
+            # the second sync of this WeightSync: the weights each tp rank holds whole (the norms) were
+            # proven against load_weights at the first and are now copied directly; the rest streamed
+            assert r["direct"] and all("norm" in n for n in r["direct"]), where(r)
+            assert len(r["direct"]) == 2 * 2 + 1 and r["metrics"]["reshard/direct_bytes"] > 0, where(r)
+        else:
+            assert r["direct"] == [], where(r)  # a proof sync, or pipeline stages: no direct copy
         if r.get("after_update"):
             # the update changed every tensor and the engine got the trained values, not the file's
             assert r["update_applied"] == 1.0 and len(r["mismatches"]) == r["streamed"], where(r)

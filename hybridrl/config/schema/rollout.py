@@ -61,4 +61,7 @@ class RolloutConfig:
     val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)
     calculate_log_probs: bool = doc("Keep the engine's own token log-probs (needed for TIS).", False)
     update_weights_bucket_megabytes: int = doc("Bucket size for streaming weights into the engine.", 512)
+    direct_weight_copy: bool = doc("Copy the actor's shards straight into the engine's weights where the layouts "
+                                   "match (proven against load_weights at the first sync); false: always stream.",
+                                   True)
     sync_check: SyncCheckConfig = field(default_factory=SyncCheckConfig)

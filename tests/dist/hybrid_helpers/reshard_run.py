@@ -51,14 +51,17 @@ class CheckingActor(ActorModel):
         self.names: list[str] = []
         self.mismatches: list[str] = []
 
-    def export_weights(self, bucket_bytes):
-        for bucket in self.actor.export_weights(bucket_bytes):
+    def export_weights(self, bucket_bytes, names=None):
+        for bucket in self.actor.export_weights(bucket_bytes, names):
             for name, t in bucket:
                 self.names.append(name)
                 ref = self.reference.get(name)
                 if ref is None or ref.dtype != t.dtype or ref.shape != t.shape or not torch.equal(ref, t):
                     self.mismatches.append(name)
             yield bucket
+
+    def weight_regions(self):
+        return self.actor.weight_regions()
 
     def offload(self, params, grads, optimizer):
         return self.actor.offload(params, grads, optimizer)
@@ -143,12 +146,17 @@ def actor_log_probs(actor, full: DataProto) -> tuple[DataProto, torch.Tensor]:
     return part, actor.compute_log_prob(part).batch["log_probs"]
 
 
-def sync_generate_check(actor, engine, ref_engine, reference, hf_cfg, layout, tp_g: int, step: int):
+def sync_generate_check(actor, engine, ref_engine, reference, hf_cfg, layout, tp_g: int, step: int, syncs: dict):
     rank, world = dist.get_rank(), dist.get_world_size()
     plan = ReshardPlan(world, layout.tp, layout.pp, layout.dp, tp_g)
     replica = plan.placement(rank).replica
-    checking = CheckingActor(actor, reference)
-    sync = WeightSync(checking, engine, SyncOptions(bucket_bytes=BUCKET_BYTES), plan)
+    if tp_g not in syncs:  # kept per tp_g: a second sync copies the proven weights directly
+        checking = CheckingActor(actor, reference)
+        syncs[tp_g] = WeightSync(checking, engine, SyncOptions(bucket_bytes=BUCKET_BYTES), plan)
+    sync = syncs[tp_g]
+    checking = sync.actor
+    checking.names, checking.mismatches = [], []  # this sync's (reports keep the previous lists)
+    direct = sorted(sync._direct.names) if sync._direct is not None else []  # what this sync copies directly
     prompts = make_prompts(hf_cfg.vocab_size)
     chunk = prompts[plan.prompt_slice(len(prompts), replica)]
     sampling = SAMPLING.with_(seed=1000 * step + replica)  # one seed per replica: its ranks must agree
@@ -162,7 +170,7 @@ def sync_generate_check(actor, engine, ref_engine, reference, hf_cfg, layout, tp
         "tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "tp_g": tp_g, "replica": replica, "step": step,
         "replica_ranks": list(plan.replica_ranks(replica)), "placement_errors": check_placement(plan, rank),
         "streamed": len(checking.names), "mismatches": checking.mismatches,
-        "missing": sorted(set(reference) - set(checking.names) - tied),
+        "missing": sorted(set(reference) - set(checking.names) - set(direct) - tied), "direct": direct,
         "duplicates": len(checking.names) - len(set(checking.names)),
         "same_as_hf_engine": all(torch.equal(out.batch[k], expected.batch[k]) for k in ("responses", "rollout_log_probs")),
         "engine_equals_hf": all(torch.equal(engine.named_weights()[k], v) for k, v in reference.items()),
@@ -186,15 +194,15 @@ def run_layout(hf_dir, hf_cfg, reference, engine, ref_engine, tp, pp, step) -> l
 
     layout = layout_for(dist.get_world_size(), tp=tp, pp=pp)
     actor = build_actor(hf_dir, layout)
-    results = []
+    results, syncs = [], {}
     for tp_g in TP_G:
         start = time.perf_counter()
-        report, part, logp = sync_generate_check(actor, engine, ref_engine, reference, hf_cfg, layout, tp_g, step)
+        report, part, logp = sync_generate_check(actor, engine, ref_engine, reference, hf_cfg, layout, tp_g, step, syncs)
         report["seconds"] = time.perf_counter() - start
         results.append(report)
         step += 1
     update = ppo_update(actor, part, logp, step)
-    report, _, _ = sync_generate_check(actor, engine, ref_engine, reference, hf_cfg, layout, 2, step)
+    report, _, _ = sync_generate_check(actor, engine, ref_engine, reference, hf_cfg, layout, 2, step, syncs)
     report.update(after_update=True, update_applied=update.get("actor/update_applied"))
     results.append(report)
     del actor

@@ -1,0 +1,138 @@
+"""The direct weight copy: the actor's own shards straight into the engine's weights, no export.
+
+When the engine holds each piece of a weight on the rank that trains that piece (rollout tp_g equal
+to the training tp, no pipeline stages: the usual colocated layouts), a sync needs no collective and
+no HF-shaped tensors: every piece is one device copy from a view of the actor's parameter
+(`ActorModel.weight_regions`) into a view of the engine's (`RolloutEngine.weight_views`).
+
+How it is trusted: the first sync of a run goes the bucketed way (export + the engine's own
+`load_weights`), then every planned destination must equal its source bitwise, and all ranks agree
+on the weights that passed everywhere (a fused group, e.g. vLLM's qkv_proj, passes or fails as one).
+Only those are copied directly from then on; the rest keep streaming through the export. Each later
+sync checks the sampled weights' destination sums against their sources (`check`).
+
+Speed: a sync is a few hundred copies. Dense pairs go through one `_foreach_copy_`; on CUDA the whole
+set is captured once in a CUDA graph and replayed as one launch (recaptured when a storage moved, as
+param offload makes it every step; after a few recaptures it stays eager).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from hybridrl.adapters.base import WeightRegion
+
+from .checks import WeightSyncError, is_sampled, tensor_checksum
+
+log = logging.getLogger(__name__)
+MAX_RECAPTURES = 3
+
+
+@dataclass(frozen=True)
+class CopyPair:
+    name: str  # the HF weight
+    dst: torch.Tensor  # a view of the engine's weight, shaped like src
+    src: torch.Tensor  # a view of the actor's parameter
+
+
+class DirectCopy:
+    """The proven copies of one run; `run()` performs them all."""
+
+    def __init__(self, pairs: list[CopyPair], graph: bool = True) -> None:
+        self.pairs = pairs
+        self.names = {p.name for p in pairs}
+        self.bytes = sum(p.dst.numel() * p.dst.element_size() for p in pairs)
+        dense = [p for p in pairs if _dense_pair(p)]
+        self._dense = ([p.dst for p in dense], [p.src for p in dense])
+        self._strided = [p for p in pairs if not _dense_pair(p)]
+        self._use_graph = graph and bool(pairs) and pairs[0].dst.is_cuda and pairs[0].src.is_cuda
+        self._graph: Optional[torch.cuda.CUDAGraph] = None
+        self._graph_key: Optional[tuple[int, ...]] = None
+        self._captures = 0
+
+    @torch.no_grad()
+    def run(self) -> None:
+        if not self._use_graph:
+            self._copy()
+            return
+        key = tuple(t.data_ptr() for p in self.pairs for t in (p.dst, p.src))
+        if key != self._graph_key:
+            if self._captures >= MAX_RECAPTURES:
+                log.info("direct weight copy: storages keep moving (param offload?); copying eagerly from now on")
+                self._use_graph, self._graph = False, None
+                self._copy()
+                return
+            self._capture(key)
+        self._graph.replay()
+
+    def _copy(self) -> None:
+        if self._dense[0]:
+            torch._foreach_copy_(*self._dense)
+        for p in self._strided:
+            p.dst.copy_(p.src)
+
+    def _capture(self, key: tuple[int, ...]) -> None:
+        graph = torch.cuda.CUDAGraph()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up outside capture, as torch recommends
+            self._copy()
+        torch.cuda.current_stream().wait_stream(side)
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            self._copy()
+        self._graph, self._graph_key = graph, key
+        self._captures += 1
+
+    @torch.no_grad()
+    def check(self, step: int, fraction: float, group_of: Callable[[str], str]) -> dict[str, float]:
+        """Sampled weights: the engine's destination sums equal the source sums (same dtype, bitwise)."""
+        sampled = [p for p in self.pairs if is_sampled(group_of(p.name), step, fraction)]
+        if not sampled:
+            return {"sync_check/direct_checked": 0.0}
+        got = torch.stack([tensor_checksum(p.dst) for p in sampled]).cpu().tolist()
+        want = torch.stack([tensor_checksum(p.src.to(p.dst.dtype)) for p in sampled]).cpu().tolist()
+        for p, g, w in zip(sampled, got, want):
+            if g != w:
+                raise WeightSyncError(
+                    f"weight check at step {step}: the direct copy of {p.name!r} did not land: engine sum {g!r} vs "
+                    f"actor sum {w!r}. A storage moved without the copy plan noticing; set "
+                    f"actor_rollout_ref.rollout.direct_weight_copy=false to stream through load_weights instead")
+        return {"sync_check/direct_checked": float(len({p.name for p in sampled}))}
+
+
+def _dense_pair(p: CopyPair) -> bool:
+    return p.dst.is_contiguous() and p.src.is_contiguous() and p.dst.dtype == p.src.dtype
+
+
+@torch.no_grad()
+def prove(regions: Sequence[WeightRegion], views: Sequence[Optional[torch.Tensor]],
+          group_of: Callable[[str], str], *, graph: bool = True) -> DirectCopy:
+    """After a bucketed sync: the pairs whose destination equals the source bitwise on every rank.
+
+    A weight qualifies when each of its regions has a view here and every rank found the same; the
+    members of one engine group (`group_of`) qualify together. Collective over the default group.
+    """
+    if len(views) != len(regions):
+        raise ValueError(f"engine.weight_views returned {len(views)} views for {len(regions)} regions")
+    pairs, failed = [], set()
+    for region, view in zip(regions, views):
+        group = group_of(region.name)
+        if view is None or view.shape != region.src.shape or not torch.equal(view, region.src.to(view.dtype)):
+            failed.add(group)
+        else:
+            pairs.append(CopyPair(region.name, view, region.src))
+    passed = _agree({group_of(p.name) for p in pairs} - failed)
+    return DirectCopy([p for p in pairs if group_of(p.name) in passed], graph=graph)
+
+
+def _agree(groups: set[str]) -> set[str]:
+    """The groups every rank passed (one all_gather_object, once per run)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return groups
+    everyone: list[Optional[set[str]]] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, groups)
+    return set.intersection(*everyone)
