@@ -54,6 +54,11 @@ class DirectCopy:
         self._graph_key: Optional[tuple[int, ...]] = None
         self._captures = 0
 
+    @property
+    def graphed(self) -> bool:
+        """The last run replayed a captured CUDA graph."""
+        return self._use_graph and self._graph is not None
+
     @torch.no_grad()
     def run(self) -> None:
         if not self._use_graph:

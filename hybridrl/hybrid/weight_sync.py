@@ -176,7 +176,8 @@ class WeightSync:
         synchronize()  # the weights are in when the copies have run, not when they were queued
         copied = direct.bytes if direct is not None else 0
         return {"timing_s/reshard_stream": time.perf_counter() - start, "reshard/bytes": float(total + copied),
-                "reshard/direct_bytes": float(copied), "reshard/buckets": float(buckets),
+                "reshard/direct_bytes": float(copied), "reshard/direct_graph": float(direct is not None and direct.graphed),
+                "reshard/buckets": float(buckets),
                 "reshard/tensors": float(tensors), "reshard/max_bucket_bytes": float(biggest)}
 
     def _prove_direct(self, metrics: dict[str, float]) -> dict[str, float]:

@@ -129,4 +129,4 @@ def shaped_view(view: torch.Tensor, shape: torch.Size) -> Optional[torch.Tensor]
     """`view` as `shape` without a copy (what `weight_views` returns), or None if that needs a copy."""
     if view.shape == shape:
         return view
-    return view.view(shape) if view.is_contiguous() else None
+    return view.view(shape) if view.is_contiguous() and view.numel() == shape.numel() else None

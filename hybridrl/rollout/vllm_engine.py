@@ -225,8 +225,8 @@ def _weight_views(model: torch.nn.Module, regions: list[WeightRegion], tp: int, 
     """Where each region lands in this tp rank's vLLM parameters (RolloutEngine.weight_views).
 
     vLLM's layout on tp rank r of t: a fused parameter stacks its members' local rows (each member's HF
-    rows split t ways); a sharded one holds block r of its sharded dim (vocab rows padded past the HF
-    extent); a replicated one all of it. A (parameter, member) gets views only if the regions cover
+    rows split t ways); a parameter smaller than the HF weight along the region's dim holds block r of
+    it (vocab rows padded past the HF extent); otherwise all of it. A (parameter, member) gets views only if the regions cover
     every HF element it holds here; the proof against load_weights (hybrid.direct) checks the rest.
     """
     params = dict(model.named_parameters())
@@ -256,17 +256,12 @@ def _place(p: torch.Tensor, r: WeightRegion, fused: Optional[tuple[int, ...]], m
         local = [rows // tp for rows in fused]
         dim, lo, n, offset = 0, rank * local[member], local[member], sum(local[:member])
     else:
-        sharded = getattr(p, "output_dim", None)
-        sharded = getattr(p, "input_dim", None) if sharded is None else sharded
         dim = r.dim
         if p.dim() <= dim:
             return None, -1
-        if tp == 1 or (sharded is None and p.shape[dim] == r.extent):
-            lo = 0  # replicated
-        elif sharded == dim or (sharded is None and p.shape[dim] < r.extent):
-            lo = rank * p.shape[dim]  # vLLM's tp attributes are missing on some sharded params (tied embedding)
-        else:
-            return None, -1
+        # From shapes, not vLLM's tp attributes: linear weights carry both output_dim and input_dim
+        # whichever they shard, and the tied embedding carried neither at tp_g=2.
+        lo = rank * p.shape[dim] if tp > 1 and p.shape[dim] < r.extent else 0  # a tp block, or all of it
         n, offset = p.shape[dim], 0
     held = max(0, min(lo + n, r.extent) - lo) * (p.numel() // p.shape[dim])  # rows past the extent: padding
     if r.dim != dim or r.start < lo or r.stop > lo + n:

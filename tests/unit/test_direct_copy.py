@@ -170,7 +170,9 @@ def test_a_copy_that_did_not_land_is_named_by_the_check(monkeypatch):
 # ------------------------------------------------------------------------------------------ vLLM layout
 def vllm_params(hf, arch, tp, rank, *, tagged_embedding: bool):
     """What vLLM's loaders hold on tp rank `rank`: fused qkv/gate_up of each member's rank block, row-parallel
-    column blocks, vocab rows padded to a multiple of 64 then split; tp attributes as vLLM sets them."""
+    column blocks, vocab rows padded to a multiple of 64 then split. Linear weights carry both tp attributes
+    (as vLLM's ModelWeightParameter does, whichever dim it shards); the embedding carries one or none."""
+    linear = {"output_dim": 0, "input_dim": 1}
     def block(t, dim, parts=tp):
         return t.chunk(parts, dim=dim)[rank]
 
@@ -185,11 +187,11 @@ def vllm_params(hf, arch, tp, rank, *, tagged_embedding: bool):
         out[p + "post_attention_layernorm.weight"] = (hf[p + "post_attention_layernorm.weight"], {})
         for kind in ("weight", "bias"):
             out[a + f"qkv_proj.{kind}"] = (torch.cat([block(hf[a + f"{x}_proj.{kind}"], 0) for x in "qkv"]),
-                                          {"output_dim": 0})
-        out[a + "o_proj.weight"] = (block(hf[a + "o_proj.weight"], 1), {"input_dim": 1})
+                                          linear if kind == "weight" else {"output_dim": 0})
+        out[a + "o_proj.weight"] = (block(hf[a + "o_proj.weight"], 1), linear)
         out[p + "mlp.gate_up_proj.weight"] = (torch.cat([block(hf[p + f"mlp.{x}_proj.weight"], 0) for x in ("gate", "up")]),
-                                              {"output_dim": 0})
-        out[p + "mlp.down_proj.weight"] = (block(hf[p + "mlp.down_proj.weight"], 1), {"input_dim": 1})
+                                              linear)
+        out[p + "mlp.down_proj.weight"] = (block(hf[p + "mlp.down_proj.weight"], 1), linear)
     out["model.norm.weight"] = (hf["model.norm.weight"], {})
     return out
 
