@@ -160,6 +160,8 @@ def hybrid_run(args: argparse.Namespace, model_dir: str) -> dict:
             pass
         syncs.append(m)
     bandwidth = d2d_bandwidth("cuda" if cuda else "cpu", (1 << 30) if cuda else (1 << 24))
+    with worker.sync.rollout_phase(args.syncs):  # the engine's weights must be mapped to be written
+        ablation = copy_ablation(worker.sync._direct) if cuda and worker.sync._direct is not None else {}
 
     # generation through the worker (sync + generate + sleep), after a warm-up
     prompts = make_prompts(args, run)
@@ -196,6 +198,7 @@ def hybrid_run(args: argparse.Namespace, model_dir: str) -> dict:
         "direct_graph": steady[-1].get("reshard/direct_graph", 0.0),
         "sync_check_seconds": statistics.median(m["timing_s/sync_check"] for m in steady),
         "sync_bytes": model_bytes, "d2d_bytes_per_s": bandwidth, "gen_seconds": gen["timing_s/generate"],
+        "direct_copy_seconds": ablation,
         "gen_tokens": float(out.batch["response_mask"].sum()), "train_peak_allocated_bytes": train_peak,
         "rollout_peak_used_bytes": rollout_peak, "gpu_total_bytes": torch.cuda.mem_get_info()[1] if cuda else 0,
         "device_memory_used_end": device_memory_used(),
@@ -233,6 +236,29 @@ def make_prompts(args: argparse.Namespace, run) -> "DataProto":  # noqa: F821
 
 def device_memory_used_peak(metrics: dict) -> int:
     return int(metrics["memory/rollout_used_bytes"])
+
+
+def copy_ablation(direct, repeats: int = 20) -> dict[str, float]:
+    """Median seconds of the direct copy alone: eager, and as a CUDA graph of 1, 2, 4 and 8 branches."""
+    import torch
+
+    import hybridrl.hybrid.direct as d
+
+    default, out = d.GRAPH_STREAMS, {}
+    for name, streams in (("eager", 0), ("graph_1", 1), ("graph_2", 2), ("graph_4", 4), ("graph_8", 8)):
+        d.GRAPH_STREAMS = max(streams, 1)
+        direct._use_graph, direct._graph_key, direct._captures = streams > 0, None, 0
+        times = []
+        for _ in range(repeats):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            direct.run()
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+        out[name] = statistics.median(times)
+    d.GRAPH_STREAMS = default
+    direct._use_graph, direct._graph_key, direct._captures = True, None, 0
+    return out
 
 
 def d2d_bandwidth(device: str = "cuda", nbytes: int = 1 << 30) -> float:
@@ -302,6 +328,7 @@ def main() -> None:
         "sync_streamed_over_floor": h["sync_streamed_seconds"] / floor,
         "direct_bytes_fraction": h["direct_bytes_fraction"], "direct_graph": h["direct_graph"],
         "sync_check_seconds": h["sync_check_seconds"],
+        **{f"direct_copy_{k}_seconds": v for k, v in h["direct_copy_seconds"].items()},
         "sync_bytes": h["sync_bytes"], "d2d_bytes_per_s": h["d2d_bytes_per_s"],
     }, {"memory": h["memory"]})
     hybrid_tps = h["gen_tokens"] / h["gen_seconds"]

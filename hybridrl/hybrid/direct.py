@@ -11,9 +11,10 @@ on the weights that passed everywhere (a fused group, e.g. vLLM's qkv_proj, pass
 Only those are copied directly from then on; the rest keep streaming through the export. Each later
 sync checks the sampled weights' destination sums against their sources (`check`).
 
-Speed: a sync is a few hundred copies. Dense pairs go through one `_foreach_copy_`; on CUDA the whole
-set is captured once in a CUDA graph and replayed as one launch (recaptured when a storage moved, as
-param offload makes it every step; after a few recaptures it stays eager).
+Speed: a sync is a few hundred copies. On CUDA the whole set is captured once in a CUDA graph of a few
+parallel branches and replayed as one launch (recaptured when a storage moved, as param offload makes
+it every step; after a few recaptures it stays eager). Eagerly, dense pairs go through one
+`_foreach_copy_` and the strided ones (qkv with several query groups) one by one.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from .checks import WeightSyncError, is_sampled, tensor_checksum
 
 log = logging.getLogger(__name__)
 MAX_RECAPTURES = 3
+GRAPH_STREAMS = 4
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,9 @@ class DirectCopy:
         self._graph: Optional[torch.cuda.CUDAGraph] = None
         self._graph_key: Optional[tuple[int, ...]] = None
         self._captures = 0
+        # one tensor per storage: its data_ptr moves when the storage is re-allocated (offload/onload)
+        by_storage = {t.untyped_storage().data_ptr(): t for p in pairs for t in (p.dst, p.src)}
+        self._storages = list(by_storage.values())
 
     @property
     def graphed(self) -> bool:
@@ -64,14 +69,20 @@ class DirectCopy:
         if not self._use_graph:
             self._copy()
             return
-        key = tuple(t.data_ptr() for p in self.pairs for t in (p.dst, p.src))
+        key = tuple(t.data_ptr() for t in self._storages)
         if key != self._graph_key:
             if self._captures >= MAX_RECAPTURES:
                 log.info("direct weight copy: storages keep moving (param offload?); copying eagerly from now on")
                 self._use_graph, self._graph = False, None
                 self._copy()
                 return
-            self._capture(key)
+            try:
+                self._capture(key)
+            except RuntimeError as e:  # a capture problem must not cost the run: the eager copy is the same
+                log.warning("direct weight copy: CUDA graph capture failed (%s); copying eagerly", e)
+                self._use_graph, self._graph = False, None
+                self._copy()
+                return
         self._graph.replay()
 
     def _copy(self) -> None:
@@ -81,14 +92,24 @@ class DirectCopy:
             p.dst.copy_(p.src)
 
     def _capture(self, key: tuple[int, ...]) -> None:
+        """One graph of plain copies on GRAPH_STREAMS parallel branches (bytes balanced, largest first):
+        the few big copies run at full bandwidth while the many small ones' launch gaps overlap."""
         graph = torch.cuda.CUDAGraph()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up outside capture, as torch recommends
             self._copy()
         torch.cuda.current_stream().wait_stream(side)
+        branches = _balance(self.pairs, GRAPH_STREAMS)
+        streams = [torch.cuda.Stream() for _ in branches]
         with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-            self._copy()
+            origin = torch.cuda.current_stream()
+            for stream, branch in zip(streams, branches):
+                stream.wait_stream(origin)
+                with torch.cuda.stream(stream):
+                    for p in branch:
+                        p.dst.copy_(p.src)
+                origin.wait_stream(stream)
         self._graph, self._graph_key = graph, key
         self._captures += 1
 
@@ -107,6 +128,16 @@ class DirectCopy:
                     f"actor sum {w!r}. A storage moved without the copy plan noticing; set "
                     f"actor_rollout_ref.rollout.direct_weight_copy=false to stream through load_weights instead")
         return {"sync_check/direct_checked": float(len({p.name for p in sampled}))}
+
+
+def _balance(pairs: list[CopyPair], n: int) -> list[list[CopyPair]]:
+    branches: list[list[CopyPair]] = [[] for _ in range(n)]
+    load = [0] * n
+    for p in sorted(pairs, key=lambda p: -p.dst.numel() * p.dst.element_size()):
+        i = load.index(min(load))
+        branches[i].append(p)
+        load[i] += p.dst.numel() * p.dst.element_size()
+    return [b for b in branches if b]
 
 
 def _dense_pair(p: CopyPair) -> bool:
