@@ -160,8 +160,17 @@ def hybrid_run(args: argparse.Namespace, model_dir: str) -> dict:
             pass
         syncs.append(m)
     bandwidth = d2d_bandwidth("cuda" if cuda else "cpu", (1 << 30) if cuda else (1 << 24))
-    with worker.sync.rollout_phase(args.syncs):  # the engine's weights must be mapped to be written
-        ablation = copy_ablation(worker.sync._direct) if cuda and worker.sync._direct is not None else {}
+    ablation = {}
+    if cuda and worker.sync._direct is not None:
+        with worker.sync.rollout_phase(args.syncs):  # the engine's weights must be mapped to be written
+            # with param_offload the actor's params leave the GPU once the sync is done: bring them back
+            # for the ablation and offload them again, so release() finds the state push() left
+            offloaded = worker.sync.options.param_offload
+            if offloaded:
+                worker.actor.onload(params=True, grads=False, optimizer=False)
+            ablation = copy_ablation(worker.sync._direct)
+            if offloaded:
+                worker.actor.offload(params=True, grads=False, optimizer=False)
 
     # generation through the worker (sync + generate + sleep), after a warm-up
     prompts = make_prompts(args, run)
@@ -239,15 +248,17 @@ def device_memory_used_peak(metrics: dict) -> int:
 
 
 def copy_ablation(direct, repeats: int = 20) -> dict[str, float]:
-    """Median seconds of the direct copy alone: eager, and as a CUDA graph of 1, 2, 4 and 8 branches."""
+    """Median seconds of the direct copy alone: eager, and as a CUDA graph with small dense pairs batched
+    into one _foreach_copy_ up to 0 bytes (every pair its own copy), 4 MiB (the default) and any size."""
     import torch
 
     import hybridrl.hybrid.direct as d
 
-    default, out = d.GRAPH_STREAMS, {}
-    for name, streams in (("eager", 0), ("graph_1", 1), ("graph_2", 2), ("graph_4", 4), ("graph_8", 8)):
-        d.GRAPH_STREAMS = max(streams, 1)
-        direct._use_graph, direct._graph_key, direct._captures = streams > 0, None, 0
+    default, out = d.FOREACH_MAX_BYTES, {}
+    for name, graph, limit in (("eager", False, default), ("graph_foreach_0", True, 0),
+                               ("graph_foreach_4mib", True, 4 << 20), ("graph_foreach_all", True, 1 << 62)):
+        d.FOREACH_MAX_BYTES = limit
+        direct._use_graph, direct._graph_key, direct._captures = graph, None, 0
         times = []
         for _ in range(repeats):
             torch.cuda.synchronize()
@@ -256,7 +267,7 @@ def copy_ablation(direct, repeats: int = 20) -> dict[str, float]:
             torch.cuda.synchronize()
             times.append(time.perf_counter() - start)
         out[name] = statistics.median(times)
-    d.GRAPH_STREAMS = default
+    d.FOREACH_MAX_BYTES = default
     direct._use_graph, direct._graph_key, direct._captures = True, None, 0
     return out
 

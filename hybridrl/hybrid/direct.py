@@ -11,10 +11,10 @@ on the weights that passed everywhere (a fused group, e.g. vLLM's qkv_proj, pass
 Only those are copied directly from then on; the rest keep streaming through the export. Each later
 sync checks the sampled weights' destination sums against their sources (`check`).
 
-Speed: a sync is a few hundred copies. On CUDA the whole set is captured once in a CUDA graph of a few
-parallel branches and replayed as one launch (recaptured when a storage moved, as param offload makes
-it every step; after a few recaptures it stays eager). Eagerly, dense pairs go through one
-`_foreach_copy_` and the strided ones (qkv with several query groups) one by one.
+Speed: a sync is a few hundred copies; one big memcpy of the same bytes is the floor. Small dense pairs
+(norms, biases) go through one `_foreach_copy_` (a few kernels instead of a memcpy each), the rest one
+copy each. On CUDA the whole set is captured once in a CUDA graph and replayed as one launch
+(recaptured when a storage moved, as param offload can make it; after a few recaptures it stays eager).
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from .checks import WeightSyncError, is_sampled, tensor_checksum
 
 log = logging.getLogger(__name__)
 MAX_RECAPTURES = 3
-GRAPH_STREAMS = 4
+FOREACH_MAX_BYTES = 4 << 20
 
 
 @dataclass(frozen=True)
@@ -48,13 +48,12 @@ class DirectCopy:
         self.pairs = pairs
         self.names = {p.name for p in pairs}
         self.bytes = sum(p.dst.numel() * p.dst.element_size() for p in pairs)
-        dense = [p for p in pairs if _dense_pair(p)]
-        self._dense = ([p.dst for p in dense], [p.src for p in dense])
-        self._strided = [p for p in pairs if not _dense_pair(p)]
         self._use_graph = graph and bool(pairs) and pairs[0].dst.is_cuda and pairs[0].src.is_cuda
         self._graph: Optional[torch.cuda.CUDAGraph] = None
         self._graph_key: Optional[tuple[int, ...]] = None
         self._captures = 0
+        self._split_at: Optional[int] = None
+        self._split_cache: tuple = (([], []), [])
         # one tensor per storage: its data_ptr moves when the storage is re-allocated (offload/onload)
         by_storage = {t.untyped_storage().data_ptr(): t for p in pairs for t in (p.dst, p.src)}
         self._storages = list(by_storage.values())
@@ -86,30 +85,32 @@ class DirectCopy:
         self._graph.replay()
 
     def _copy(self) -> None:
-        if self._dense[0]:
-            torch._foreach_copy_(*self._dense)
-        for p in self._strided:
+        small, rest = self._split()
+        if small[0]:
+            torch._foreach_copy_(*small)
+        for p in rest:
             p.dst.copy_(p.src)
 
+    def _split(self) -> tuple[tuple[list[torch.Tensor], list[torch.Tensor]], list[CopyPair]]:
+        """Small dense pairs (norms, biases, ...) for one _foreach_copy_ (a few kernels); the rest one by one
+        (large ones as memcpy, strided ones as copy kernels). Cached per threshold."""
+        if self._split_at != FOREACH_MAX_BYTES:
+            small = [p for p in self.pairs if _dense(p) and p.dst.numel() * p.dst.element_size() <= FOREACH_MAX_BYTES]
+            chosen = {id(p) for p in small}
+            self._split_cache = (([p.dst for p in small], [p.src for p in small]),
+                                 [p for p in self.pairs if id(p) not in chosen])
+            self._split_at = FOREACH_MAX_BYTES
+        return self._split_cache
+
     def _capture(self, key: tuple[int, ...]) -> None:
-        """One graph of plain copies on GRAPH_STREAMS parallel branches (bytes balanced, largest first):
-        the few big copies run at full bandwidth while the many small ones' launch gaps overlap."""
         graph = torch.cuda.CUDAGraph()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up outside capture, as torch recommends
             self._copy()
         torch.cuda.current_stream().wait_stream(side)
-        branches = _balance(self.pairs, GRAPH_STREAMS)
-        streams = [torch.cuda.Stream() for _ in branches]
         with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-            origin = torch.cuda.current_stream()
-            for stream, branch in zip(streams, branches):
-                stream.wait_stream(origin)
-                with torch.cuda.stream(stream):
-                    for p in branch:
-                        p.dst.copy_(p.src)
-                origin.wait_stream(stream)
+            self._copy()
         self._graph, self._graph_key = graph, key
         self._captures += 1
 
@@ -130,17 +131,7 @@ class DirectCopy:
         return {"sync_check/direct_checked": float(len({p.name for p in sampled}))}
 
 
-def _balance(pairs: list[CopyPair], n: int) -> list[list[CopyPair]]:
-    branches: list[list[CopyPair]] = [[] for _ in range(n)]
-    load = [0] * n
-    for p in sorted(pairs, key=lambda p: -p.dst.numel() * p.dst.element_size()):
-        i = load.index(min(load))
-        branches[i].append(p)
-        load[i] += p.dst.numel() * p.dst.element_size()
-    return [b for b in branches if b]
-
-
-def _dense_pair(p: CopyPair) -> bool:
+def _dense(p: CopyPair) -> bool:
     return p.dst.is_contiguous() and p.src.is_contiguous() and p.dst.dtype == p.src.dtype
 
 
