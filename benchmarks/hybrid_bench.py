@@ -160,6 +160,7 @@ def hybrid_run(args: argparse.Namespace, model_dir: str) -> dict:
             pass
         syncs.append(m)
     bandwidth = d2d_bandwidth("cuda" if cuda else "cpu", (1 << 30) if cuda else (1 << 24))
+    fresh = weights_follow_the_actor(worker)
     ablation = {}
     if cuda and worker.sync._direct is not None:
         with worker.sync.rollout_phase(args.syncs):  # the engine's weights must be mapped to be written
@@ -207,7 +208,7 @@ def hybrid_run(args: argparse.Namespace, model_dir: str) -> dict:
         "direct_graph": steady[-1].get("reshard/direct_graph", 0.0),
         "sync_check_seconds": statistics.median(m["timing_s/sync_check"] for m in steady),
         "sync_bytes": model_bytes, "d2d_bytes_per_s": bandwidth, "gen_seconds": gen["timing_s/generate"],
-        "direct_copy_seconds": ablation,
+        "direct_copy_seconds": ablation, "fresh_mismatches": fresh,
         "gen_tokens": float(out.batch["response_mask"].sum()), "train_peak_allocated_bytes": train_peak,
         "rollout_peak_used_bytes": rollout_peak, "gpu_total_bytes": torch.cuda.mem_get_info()[1] if cuda else 0,
         "device_memory_used_end": device_memory_used(),
@@ -245,6 +246,37 @@ def make_prompts(args: argparse.Namespace, run) -> "DataProto":  # noqa: F821
 
 def device_memory_used_peak(metrics: dict) -> int:
     return int(metrics["memory/rollout_used_bytes"])
+
+
+def weights_follow_the_actor(worker, steps: int = 2) -> list[str]:
+    """Change every actor parameter, sync, and compare the engine's own parameters (read by the engine,
+    not through the copy plan's views) with a fresh export: the weights that differ, over `steps` syncs."""
+    import torch
+
+    from hybridrl.adapters.megatron.builder import unwrap
+
+    bad: list[str] = []
+    offloaded = worker.sync.options.param_offload
+    for step in range(steps):
+        with torch.no_grad():
+            for chunk in worker.actor.engine.chunks:
+                for p in unwrap(chunk).parameters():
+                    p.add_(0.01)
+        with worker.sync.rollout_phase(1000 + step):
+            if offloaded:  # the sync offloads the params once it is done: bring them back to export
+                worker.actor.onload(params=True, grads=False, optimizer=False)
+            sent = {n: (float(t.double().sum()), float(t.double().abs().sum()))
+                    for bucket in worker.actor.export_weights(1 << 30) for n, t in bucket}
+            engine = worker.engine.weight_checksums(list(sent))
+            for name in sent:
+                parts = worker.engine.checksum_terms(name)
+                want = sum(c * sent[m][0] for m, c in parts)
+                scale = sum(abs(c) * sent[m][1] for m, c in parts)
+                if not abs(engine[name] - want) <= 1e-6 * scale:
+                    bad.append(f"step {step}: {name}")
+            if offloaded:
+                worker.actor.offload(params=True, grads=False, optimizer=False)
+    return bad
 
 
 def copy_ablation(direct, repeats: int = 20) -> dict[str, float]:
@@ -338,7 +370,7 @@ def main() -> None:
         "sync_streamed_seconds": h["sync_streamed_seconds"],
         "sync_streamed_over_floor": h["sync_streamed_seconds"] / floor,
         "direct_bytes_fraction": h["direct_bytes_fraction"], "direct_graph": h["direct_graph"],
-        "sync_check_seconds": h["sync_check_seconds"],
+        "sync_check_seconds": h["sync_check_seconds"], "fresh_mismatches": len(h["fresh_mismatches"]),
         **{f"direct_copy_{k}_seconds": v for k, v in h["direct_copy_seconds"].items()},
         "sync_bytes": h["sync_bytes"], "d2d_bytes_per_s": h["d2d_bytes_per_s"],
     }, {"memory": h["memory"]})

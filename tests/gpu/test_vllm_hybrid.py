@@ -59,3 +59,10 @@ def test_after_the_first_sync_the_whole_model_is_copied_directly(result):
     # generated on directly copied weights
     assert result["direct_bytes_fraction"] == 1.0
     assert result["direct_graph"] == 1.0
+
+
+@pytest.mark.timeout(600)
+def test_the_engine_follows_changed_actor_weights(result):
+    # every actor parameter += 0.01 before each of 2 direct syncs; the engine's own parameters (summed by
+    # vLLM-side code, not through our views) then equal a fresh export of the actor
+    assert result["fresh_mismatches"] == [], result["fresh_mismatches"][:5]
