@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Hashable, Iterable, Optional, Sequence
 
 import torch
 
@@ -130,3 +130,17 @@ def shaped_view(view: torch.Tensor, shape: torch.Size) -> Optional[torch.Tensor]
     if view.shape == shape:
         return view
     return view.view(shape) if view.is_contiguous() and view.numel() == shape.numel() else None
+
+
+def covering_views(placed: list[tuple[Hashable, Optional[torch.Tensor]]], held: dict[Hashable, int]
+                   ) -> list[Optional[torch.Tensor]]:
+    """`weight_views`' rule, for (key, view) per region: a key's views stand only if every one of its
+    regions got a view and together they cover the `held[key]` elements the engine holds for it here."""
+    got: dict[Hashable, int] = {}
+    missing: set[Hashable] = set()
+    for key, view in placed:
+        if view is None:
+            missing.add(key)
+        else:
+            got[key] = got.get(key, 0) + view.numel()
+    return [view if key not in missing and got.get(key) == held.get(key) else None for key, view in placed]

@@ -20,7 +20,15 @@ from hybridrl.hybrid.checks import tensor_checksum
 from hybridrl.protocol import DataProto
 
 from .assemble import assemble_rollout
-from .base import ROLLOUT_ENGINES, EngineMemory, RolloutEngine, SamplingParams, eos_token_ids, shaped_view
+from .base import (
+    ROLLOUT_ENGINES,
+    EngineMemory,
+    RolloutEngine,
+    SamplingParams,
+    covering_views,
+    eos_token_ids,
+    shaped_view,
+)
 from .sampling import RowSampler, StopChecker, processed_log_probs
 
 if TYPE_CHECKING:
@@ -94,17 +102,14 @@ class TorchRolloutEngine(RolloutEngine):
 
     def weight_views(self, regions: Sequence[WeightRegion]) -> list[Optional[torch.Tensor]]:
         """Full tensors on every rank: a weight is placeable when this rank's regions cover all of it."""
-        views: list[Optional[torch.Tensor]] = []
-        covered: dict[str, int] = {}
+        placed: list[tuple[str, Optional[torch.Tensor]]] = []
         for r in regions:
             target = self._params.get(r.name)
             view = None
             if target is not None and target.dim() > r.dim and target.shape[r.dim] == r.extent:
                 view = shaped_view(target.narrow(r.dim, r.start, r.stop - r.start), r.src.shape)
-            views.append(view)
-            covered[r.name] = covered.get(r.name, 0) + (view.numel() if view is not None else -(1 << 62))
-        whole = {name: n == self._params[name].numel() for name, n in covered.items() if name in self._params}
-        return [v if v is not None and whole[r.name] else None for r, v in zip(regions, views)]
+            placed.append((r.name, view))
+        return covering_views(placed, {name: p.numel() for name, p in self._params.items()})
 
     def weights_copied(self, names: Iterable[str]) -> None:
         self._require_awake("weights", "weights_copied")

@@ -21,7 +21,7 @@ import torch
 from hybridrl.protocol import DataProto
 
 from .assemble import assemble_rollout
-from .base import ROLLOUT_ENGINES, EngineMemory, RolloutEngine, SamplingParams, shaped_view
+from .base import ROLLOUT_ENGINES, EngineMemory, RolloutEngine, SamplingParams, covering_views, shaped_view
 
 if TYPE_CHECKING:
     from hybridrl.adapters.base import WeightRegion
@@ -226,8 +226,9 @@ def _weight_views(model: torch.nn.Module, regions: list[WeightRegion], tp: int, 
 
     vLLM's layout on tp rank r of t: a fused parameter stacks its members' local rows (each member's HF
     rows split t ways); a parameter smaller than the HF weight along the region's dim holds block r of
-    it (vocab rows padded past the HF extent); otherwise all of it. A (parameter, member) gets views only if the regions cover
-    every HF element it holds here; the proof against load_weights (hybrid.direct) checks the rest.
+    it (vocab rows padded past the HF extent); otherwise all of it. A (parameter, member) gets views only
+    if the regions cover every HF element it holds here; the proof against load_weights (hybrid.direct)
+    checks the rest.
     """
     params = dict(model.named_parameters())
     placed: list[tuple[tuple[str, int], Optional[torch.Tensor]]] = []
@@ -241,10 +242,7 @@ def _weight_views(model: torch.nn.Module, regions: list[WeightRegion], tp: int, 
             continue
         view, need[key] = _place(p, r, fused_rows.get(vname.split(".")[-2]), member, tp, rank)
         placed.append((key, view))
-    got: dict[tuple[str, int], int] = {}
-    for key, view in placed:
-        got[key] = got.get(key, 0) + (view.numel() if view is not None else -(1 << 62))
-    return [view if view is not None and got[key] == need[key] else None for key, view in placed]
+    return covering_views(placed, need)
 
 
 def _place(p: torch.Tensor, r: WeightRegion, fused: Optional[tuple[int, ...]], member: int, tp: int,
