@@ -13,12 +13,13 @@ import pytest
 import torch
 from transformers import Qwen2Config
 
-from hybridrl.adapters.base import ActorModel, DispatchInfo, OffloadReport, WeightRegion
+from hybridrl.adapters.base import WeightRegion
 from hybridrl.adapters.megatron.hf_config import arch_from_hf
 from hybridrl.adapters.megatron.mapping import Topology, hf_to_shard, plan, shard_regions, shards_to_hf
 from hybridrl.hybrid import SyncOptions, WeightSync, WeightSyncError
 from hybridrl.rollout.torch_engine import TorchRolloutEngine
 from hybridrl.rollout.vllm_engine import _weight_views
+from tests.fixtures.actor_stubs import StubActor
 
 CFG = Qwen2Config(vocab_size=1100, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True,
@@ -39,7 +40,7 @@ def read_from(hf):
     return read
 
 
-class ShardActor(ActorModel):
+class ShardActor(StubActor):
     """One tp rank's Megatron-layout shards (built with the mapping's import), exported and regioned
     the way adapters/megatron does; `step()` changes them in place like an optimizer step."""
 
@@ -73,26 +74,6 @@ class ShardActor(ActorModel):
                 out.append(WeightRegion(r.hf, r.dim, r.start, r.stop, extents[r.hf][r.dim], r.view))
         return out
 
-    def offload(self, params, grads, optimizer):
-        return OffloadReport()
-
-    def onload(self, params, grads, optimizer):
-        return OffloadReport()
-
-    def dispatch_info(self):
-        return DispatchInfo(0, 1, True)
-
-    def compute_log_prob(self, data, calculate_entropy=False):
-        raise NotImplementedError
-
-    def update_policy(self, data):
-        raise NotImplementedError
-
-    def save_checkpoint(self, path):
-        raise NotImplementedError
-
-    def load_checkpoint(self, path):
-        raise NotImplementedError
 
 
 def engine_equals(engine, hf) -> list[str]:

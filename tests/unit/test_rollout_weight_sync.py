@@ -6,15 +6,16 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from hybridrl.adapters.base import ActorModel, DispatchInfo, OffloadReport
+from hybridrl.adapters.base import OffloadReport
 from hybridrl.hybrid import SyncOptions, WeightSync, WeightSyncError, generate_sequences, logprob_gap
 from hybridrl.hybrid.checks import tensor_checksum
 from hybridrl.protocol import DataProto
 from hybridrl.rollout.base import RolloutEngine, SamplingParams
 from hybridrl.rollout.torch_engine import TorchRolloutEngine
+from tests.fixtures.actor_stubs import StubActor
 
 
-class FakeActor(ActorModel):
+class FakeActor(StubActor):
     """Exports a dict of tensors in greedy buckets; counts how many earlier-bucket tensors are alive
     whenever it builds a new bucket (the one-bucket-alive promise)."""
 
@@ -50,20 +51,6 @@ class FakeActor(ActorModel):
         self.log.append(f"actor.onload(params={params}, grads={grads}, optimizer={optimizer})")
         return OffloadReport(params_bytes=10 * params, grads_bytes=20 * grads, optimizer_bytes=40 * optimizer)
 
-    def dispatch_info(self):
-        return DispatchInfo(0, 1, True)
-
-    def compute_log_prob(self, data, calculate_entropy=False):
-        raise NotImplementedError
-
-    def update_policy(self, data):
-        raise NotImplementedError
-
-    def save_checkpoint(self, path):
-        raise NotImplementedError
-
-    def load_checkpoint(self, path):
-        raise NotImplementedError
 
 
 class FakeEngine(RolloutEngine):
