@@ -23,10 +23,18 @@ from . import compat
 
 @dataclass
 class State:
-    """Offloaded storages of one role, by kind, and the pinned buffers kept for reuse."""
+    """Offloaded storages of one role, by kind, and the pinned buffers kept for reuse.
+
+    Both are keyed by the storage's identity (`_storage_key`), not its address: onload re-allocates a
+    storage, so its data_ptr changes every round, and buffers keyed by address were never found again
+    (a fresh pinned allocation per storage per step, and the old ones kept alive).
+    """
 
     offloaded: dict[str, dict[int, tuple[Any, int]]] = field(default_factory=lambda: {"params": {}, "grads": {}, "optimizer": {}})
-    pinned: dict[int, torch.Tensor] = field(default_factory=dict)
+    pinned: dict[str, dict[int, torch.Tensor]] = field(default_factory=lambda: {"params": {}, "optimizer": {}})
+
+    def pinned_bytes(self) -> int:
+        return sum(t.numel() for kind in self.pinned.values() for t in kind.values())
 
 
 def offload(engine: Any, state: State, params: bool, grads: bool, optimizer: bool) -> OffloadReport:
@@ -59,13 +67,18 @@ def _move(engine: Any, state: State, params: bool, grads: bool, optimizer: bool,
                          optimizer_bytes=moved["optimizer"], seconds=time.perf_counter() - start)
 
 
+def _storage_key(storage: Any) -> int:
+    """What stays the same for a storage across resize_ (its StorageImpl), unlike data_ptr()."""
+    return storage._cdata
+
+
 def _unique_storages(tensors: Iterable[torch.Tensor], skip: set[int], device_type: str = "cuda") -> dict[int, Any]:
     out = {}
     for t in tensors:
         if t is None or t.device.type != device_type:
             continue
         s = t.untyped_storage()
-        key = s.data_ptr()
+        key = _storage_key(s)
         if s.nbytes() > 0 and key not in skip:
             out[key] = s
     return out
@@ -74,18 +87,24 @@ def _unique_storages(tensors: Iterable[torch.Tensor], skip: set[int], device_typ
 def _offload_storages(tensors: Iterable[torch.Tensor], state: State, kind: str, keep: bool,
                       device_type: str = "cuda") -> int:
     taken = {k for d in state.offloaded.values() for k in d}
+    storages = _unique_storages(tensors, taken, device_type)
+    pinned = state.pinned.get(kind, {})
+    if keep:  # buffers of storages that no longer exist (e.g. a rebuilt optimizer) would only hold host memory
+        for key in set(pinned) - set(storages):
+            del pinned[key]
     total = 0
-    for key, storage in _unique_storages(tensors, taken, device_type).items():
+    for key, storage in storages.items():
         nbytes = storage.nbytes()
         if keep:
-            host = state.pinned.get(key)
+            host = pinned.get(key)
             if host is None or host.numel() != nbytes:
-                host = state.pinned[key] = torch.empty(nbytes, dtype=torch.uint8, pin_memory=compat.cuda_in_use())
+                host = pinned[key] = torch.empty(nbytes, dtype=torch.uint8, pin_memory=compat.cuda_in_use())
             host.copy_(_bytes_view(storage), non_blocking=True)
-        compat.synchronize()
-        storage.resize_(0)
-        state.offloaded[kind][key] = (storage, nbytes)
         total += nbytes
+    compat.synchronize()  # every copy has landed before any device storage is released
+    for key, storage in storages.items():
+        state.offloaded[kind][key] = (storage, storage.nbytes())
+        storage.resize_(0)
     return total
 
 
@@ -95,7 +114,7 @@ def _onload_storages(state: State, kind: str, keep: bool) -> int:
         storage.resize_(nbytes)
         view = _bytes_view(storage)
         if keep:
-            view.copy_(state.pinned[key], non_blocking=True)
+            view.copy_(state.pinned[kind][key], non_blocking=True)
         else:
             view.zero_()
         del state.offloaded[kind][key]
@@ -124,14 +143,14 @@ def _optimizer_tensors(engine: Any) -> list[torch.Tensor]:
     """Optimizer state and fp32 main params (model params themselves are excluded by storage)."""
     if engine.optimizer is None:
         return []
-    model = {p.data.untyped_storage().data_ptr() for p in _param_tensors(engine)}
+    model = {_storage_key(p.data.untyped_storage()) for p in _param_tensors(engine)}
     out = []
     for opt in getattr(engine.optimizer, "chained_optimizers", [engine.optimizer]):
         inner = getattr(opt, "optimizer", None)
         if inner is None:
             continue
         for group in inner.param_groups:
-            out += [p.data for p in group["params"] if p.data.untyped_storage().data_ptr() not in model]
+            out += [p.data for p in group["params"] if _storage_key(p.data.untyped_storage()) not in model]
         for st in inner.state.values():
             out += [v for v in st.values() if isinstance(v, torch.Tensor)]
     return out

@@ -78,6 +78,41 @@ def test_offload_releases_and_restores_storages_in_place():
     assert torch.equal(base, torch.arange(12, dtype=torch.float32)) and views[1][0] == 6
 
 
+def test_offload_rounds_reuse_their_host_buffers_when_storages_move():
+    from hybridrl.adapters.megatron import offload
+
+    state = offload.State()
+    params = torch.arange(1 << 16, dtype=torch.float32)
+    adam = torch.full((1 << 15,), 2.0)
+    buffers, addresses = [], set()
+    for _ in range(4):
+        addresses.add(params.untyped_storage().data_ptr())
+        offload._offload_storages([params], state, "params", keep=True, device_type="cpu")
+        offload._offload_storages([adam], state, "optimizer", keep=True, device_type="cpu")
+        buffers.append({id(t) for kind in state.pinned.values() for t in kind.values()})
+        hold = [torch.empty(1 << 16) for _ in range(4)]  # what the rollout engine allocates meanwhile
+        offload._onload_storages(state, "params", keep=True)
+        offload._onload_storages(state, "optimizer", keep=True)
+        del hold
+        params.add_(1)  # the update
+    assert len(addresses) > 1, "the storage never moved: this test would not see a buffer keyed by address"
+    assert all(b == buffers[0] for b in buffers) and len(buffers[0]) == 2
+    assert state.pinned_bytes() == params.numel() * 4 + adam.numel() * 4
+    assert torch.equal(params, torch.arange(1 << 16, dtype=torch.float32) + 4) and bool((adam == 2).all())
+
+
+def test_offload_drops_host_buffers_of_storages_that_are_gone():
+    from hybridrl.adapters.megatron import offload
+
+    state = offload.State()
+    first = torch.ones(1024)
+    offload._offload_storages([first], state, "optimizer", keep=True, device_type="cpu")
+    offload._onload_storages(state, "optimizer", keep=True)
+    rebuilt = torch.zeros(512)  # e.g. a new optimizer: the old state's buffer must not stay pinned
+    offload._offload_storages([rebuilt], state, "optimizer", keep=True, device_type="cpu")
+    assert state.pinned_bytes() == 512 * 4
+
+
 def test_cpu_rng_tracker_forks_without_disturbing_the_default_stream():
     from hybridrl.adapters.megatron.compat import _CpuRNGTracker
 
