@@ -141,7 +141,9 @@ def check_compatible(meta: dict, role: Any, path: str) -> None:
     padded = role.arch.padded_vocab(role.layout.tp)
     if meta["padded_vocab"] != padded:
         raise ValueError(f"{path}: saved with padded vocab {meta['padded_vocab']} (tp={meta['layout']['tp']}); "
-                         f"this layout pads to {padded} (tp={role.layout.tp}); use a tp that is a power of two")
+                         f"this layout pads to {padded} (tp={role.layout.tp}); use a tp that is a power of two. "
+                         f"Checkpoints written before the padding became a multiple of 64 (was 1024) do not load: "
+                         f"start again from the HF folder")
 
 
 # ------------------------------------------------------------------------------------------ pieces

@@ -12,9 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 SUPPORTED = ("llama", "qwen2", "mistral", "qwen3")
-# Padding the vocab to a multiple of 1024 keeps the padded size the same for every power-of-two tp
-# up to 1024, so a checkpoint saved at tp=2 loads at tp=4 (embedding shapes are layout-independent).
-VOCAB_PAD_MULTIPLE = 1024
+# Padding the vocab to a multiple of 64 keeps the padded size the same for every power-of-two tp up to
+# 64, so a checkpoint saved at tp=2 loads at tp=4 (embedding shapes are layout-independent). 64 is also
+# vLLM's padding (DEFAULT_VOCAB_PADDING_SIZE), so each tp rank holds the same vocab rows in both engines
+# and the weight sync copies the embedding and LM head shard to shard (hybridrl.hybrid.direct).
+VOCAB_PAD_MULTIPLE = 64
 
 
 class UnsupportedModelError(ValueError):

@@ -2,7 +2,7 @@
 
 Each Problem names the config key to turn first (`knob`) and says in its message what else would do.
 Layout checks that need no model (world % (tp*pp*cp), batch sizes) are validate()'s; these need the shape.
-The vocabulary needs no check: the Megatron adapter pads it to a multiple of lcm(1024, tp) (memory.padded_vocab).
+The vocabulary needs no check: the Megatron adapter pads it to a multiple of lcm(64, tp) (memory.padded_vocab).
 """
 from __future__ import annotations
 

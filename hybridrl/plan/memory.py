@@ -14,7 +14,7 @@ Model state (Megatron, mixed precision):
                                                S = dp * cp with the distributed optimizer, else 1)
 P of stage i = ceil(L/pp) * (W_layer/tp + 2h) + [i = 0] * Vp*h/tp + [i = pp-1] * (h + [untied or pp > 1] * Vp*h/tp),
 W_layer = h*(q + 2kv) + q*h (+ q + 2kv of QKV bias) + 3*h*f (SwiGLU), Vp = V padded up to a multiple of
-lcm(1024, tp) as the Megatron adapter builds it (so any tp works; the padded rows are masked).
+lcm(64, tp) as the Megatron adapter builds it (so any tp works; the padded rows are masked).
 
 Activations kept for the backward pass of one layer and one micro-batch (flash attention, no dropout):
     A_layer = T * (b * (4h/s + (2q + 2kv)/tp + 3f/tp) + 4a/tp)
@@ -61,7 +61,7 @@ DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 CUDA_GRAPH_BYTES = GiB // 2
 # The Megatron adapter pads the vocabulary to a multiple of lcm(this, tp) (adapters/megatron/hf_config.py,
 # VOCAB_PAD_MULTIPLE; a test keeps the two equal).
-MEGATRON_VOCAB_MULTIPLE = 1024
+MEGATRON_VOCAB_MULTIPLE = 64
 DEFAULT_OVERHEAD_BYTES = 3 * GiB
 
 COMPONENTS = (
@@ -74,7 +74,7 @@ PHASES = ("train_actor", "train_critic", "rollout")
 
 # ------------------------------------------------------------------------------------------- model state
 def padded_vocab(vocab_size: int, tp: int) -> int:
-    """Vp: the vocabulary rows Megatron allocates (a multiple of lcm(1024, tp))."""
+    """Vp: the vocabulary rows Megatron allocates (a multiple of lcm(64, tp))."""
     multiple = math.lcm(MEGATRON_VOCAB_MULTIPLE, tp)
     return -(-vocab_size // multiple) * multiple
 

@@ -88,7 +88,7 @@ def test_odd_vocab_is_padded_not_refused(capsys, tmp_path):
         "model_type": "qwen2", "num_hidden_layers": 4, "hidden_size": 256, "intermediate_size": 512,
         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1001}))
     code, out = plan_json(capsys, "preset=7b_8gpu", "--model-config", str(tmp_path))
-    assert code == 0 and out["model"]["vocab_size"] == 1001  # the adapter pads it to 1024 (lcm(1024, tp) rows)
+    assert code == 0 and out["model"]["vocab_size"] == 1001  # the adapter pads it to 1024 (lcm(64, tp) rows)
 
 
 def test_rollout_tp_must_split_heads(capsys):

@@ -55,41 +55,42 @@ def test_vocab_padding_matches_the_megatron_adapter():
     from hybridrl.adapters.megatron.hf_config import VOCAB_PAD_MULTIPLE
 
     assert MEGATRON_VOCAB_MULTIPLE == VOCAB_PAD_MULTIPLE
-    assert (padded_vocab(152_064, 2), padded_vocab(128_256, 8), padded_vocab(1001, 2)) == (152_576, 129_024, 1024)
+    assert (padded_vocab(152_064, 2), padded_vocab(128_256, 8), padded_vocab(1001, 2)) == (152_064, 128_256, 1024)
+    assert padded_vocab(151_000, 2) == padded_vocab(151_000, 8) == 151_040 and padded_vocab(1001, 3) == 1152
 
 
 def test_7b_tp2_params_bytes_by_hand():
     """Qwen2.5-7B (h=3584, f=18944, 28 heads of 128, 4 KV heads, V=152064, untied) at tp=2 in bf16.
 
     Per layer, tp-sharded: 3584*(3584+2*512) + 3584*3584 + (3584+2*512) + 3*3584*18944 = 233,050,624 -> /2
-    = 116,525,312, plus 2*3584 norm weights = 116,532,480; x28 = 3,262,909,440. Embedding and LM head, the vocab
-    padded to 152,576 (a multiple of 1024): 76,288*3584 = 273,416,192 each; final norm 3584.
-    Total 3,809,745,408 params = 7,619,490,816 bytes.
+    = 116,525,312, plus 2*3584 norm weights = 116,532,480; x28 = 3,262,909,440. Embedding and LM head: 152,064 is
+    already a multiple of 64, so no padding rows: 76,032*3584 = 272,498,688 each; final norm 3584.
+    Total 3,807,910,400 params = 7,615,820,800 bytes.
     """
     shape = resolve("Qwen2.5-7B")
     p = stage_params(shape, tp=2, pp=1, stage=0)
-    assert p == 3_809_745_408
-    # the two tp shards hold the model once, the replicated norms twice, and 512 padded vocab rows in 2 matrices
-    assert 2 * p - (28 * 2 * 3584 + 3584) - 2 * 512 * 3584 == PUBLISHED["Qwen2.5-7B"]
+    assert p == 3_807_910_400
+    # the two tp shards hold the model once and the replicated norms twice
+    assert 2 * p - (28 * 2 * 3584 + 3584) == PUBLISHED["Qwen2.5-7B"]
     s = model_state_bytes(p, 2, optimizer_shards=4)
-    assert (s.params, s.grads, s.optimizer) == (7_619_490_816, 15_238_981_632, 11_429_236_224)  # 2P, 4P, 12P/4
+    assert (s.params, s.grads, s.optimizer) == (7_615_820_800, 15_231_641_600, 11_423_731_200)  # 2P, 4P, 12P/4
     assert model_state_bytes(p, 2, optimizer_shards=1).optimizer == 12 * p
     assert model_state_bytes(p, 4).optimizer == 8 * p  # fp32 training: no master copy
 
 
 def test_70b_tp8_pp2_stages_by_hand():
     """Llama-3-70B at tp=8, pp=2: 40 layers a stage of 855,638,016/8 + 2*8192 params; embedding on stage 0,
-    final norm + LM head on stage 1 (each 129,024/8 * 8192, the vocab padded from 128,256)."""
+    final norm + LM head on stage 1 (each 128,256/8 * 8192: the vocab is a multiple of 64, no padding)."""
     shape = resolve("Llama-3-70B")
     layers = 40 * (855_638_016 // 8 + 2 * 8192)
     s0, s1 = stage_params(shape, 8, 2, 0), stage_params(shape, 8, 2, 1)
-    assert (s0, s1) == (layers + 16_128 * 8192, layers + 8192 + 16_128 * 8192)
-    assert 8 * (s0 + s1) - 7 * (80 * 2 * 8192 + 8192) - 2 * 768 * 8192 == PUBLISHED["Llama-3-70B"]
+    assert (s0, s1) == (layers + 16_032 * 8192, layers + 8192 + 16_032 * 8192)
+    assert 8 * (s0 + s1) - 7 * (80 * 2 * 8192 + 8192) == PUBLISHED["Llama-3-70B"]
 
 
 def test_tied_embeddings_copy_on_last_stage_only_with_pipeline():
-    shape = resolve("Qwen2.5-0.5B")  # tied; vocab 151,936 padded to 152,576
-    padding = (152_576 - 151_936) * 896
+    shape = resolve("Qwen2.5-0.5B")  # tied; vocab 151,936, a multiple of 64: no padding rows
+    padding = 0
     assert stage_params(shape, 1, 2, 1) - stage_params(shape, 1, 2, 0) == 896  # both hold Vp*h; last adds the norm
     assert stage_params(shape, 1, 1, 0) == PUBLISHED["Qwen2.5-0.5B"] + padding  # one shared matrix
     assert stage_params(shape, 1, 1, 0, lm_head=False) == PUBLISHED["Qwen2.5-0.5B"] + padding + 896  # value head
@@ -111,10 +112,10 @@ def test_7b_8gpu_preset_plan_by_hand():
     plan = estimate(run, resolve("Qwen2.5-7B"), 80 * GiB, overhead_bytes=3 * GiB)
     train = plan.phases["train_actor"].parts
     assert (train["actor_params"], train["actor_grads"], train["actor_optimizer"]) == (
-        7_619_490_816, 15_238_981_632, 11_429_236_224)
+        7_615_820_800, 15_231_641_600, 11_423_731_200)
     # micro-batch 4 x 1024 tokens = 4096 tokens; per layer and token (bytes): 2*(4*3584/2 + (2*3584+2*512)/2
-    # + 3*18944/2) + 4*28/2 = 79,416; x4096 x28 layers = 9,108,062,208; logits 4096 * 152,576/2 * (2+4+4).
-    assert train["activations"] == 79_416 * 4096 * 28 + 4096 * 76_288 * 10
+    # + 3*18944/2) + 4*28/2 = 79,416; x4096 x28 layers = 9,108,062,208; logits 4096 * 152,064/2 * (2+4+4).
+    assert train["activations"] == 79_416 * 4096 * 28 + 4096 * 76_032 * 10
     # the critic (PPO default) and the sleeping vLLM are offloaded/asleep while the actor trains
     assert train["critic_params"] == train["critic_optimizer"] == train["rollout_kv_cache"] == 0
     rollout = plan.phases["rollout"].parts
@@ -131,10 +132,10 @@ def test_offload_flags_decide_what_stays_during_rollout():
                "actor_rollout_ref.actor.megatron.use_distributed_optimizer=false")
     rollout = estimate(run, resolve("Qwen2.5-7B"), 80 * GiB).phases["rollout"].parts
     # the weight sync always moves the actor's grads and optimizer off the GPU; params follow param_offload
-    assert rollout["actor_params"] == 7_619_490_816 and rollout["actor_grads"] == rollout["actor_optimizer"] == 0
+    assert rollout["actor_params"] == 7_615_820_800 and rollout["actor_grads"] == rollout["actor_optimizer"] == 0
     assert rollout["critic_grads"] > 0 and rollout["critic_params"] == 0  # the critic follows its own flags
     train = estimate(run, resolve("Qwen2.5-7B"), 80 * GiB).phases["train_actor"].parts
-    assert train["actor_optimizer"] == 12 * 3_809_745_408  # not sharded over dp
+    assert train["actor_optimizer"] == 12 * 3_807_910_400  # not sharded over dp
 
 
 def test_pipeline_in_flight_and_recompute_by_hand():
@@ -148,6 +149,6 @@ def test_pipeline_in_flight_and_recompute_by_hand():
     recompute = _run("preset=7b_8gpu_tp2pp2", "actor_rollout_ref.model.enable_gradient_checkpointing=true")
     phase = estimate(recompute, shape, 80 * GiB).phases["train_actor"]
     kept = 2048 * 2 * 3584 // 2  # a recomputed layer keeps its input (bf16, split over tp by sequence parallelism)
-    train_last = 14 * kept + layer + 2048 * 76_288 * 10
-    forward_last = 79_416 * 4096 + 4096 * 76_288 * 6  # one layer + bf16 logits and fp32 log-softmax, no grad
+    train_last = 14 * kept + layer + 2048 * 76_032 * 10
+    forward_last = 79_416 * 4096 + 4096 * 76_032 * 6  # one layer + bf16 logits and fp32 log-softmax, no grad
     assert phase.stage == 1 and phase.parts["activations"] == max(train_last, forward_last)
