@@ -2,8 +2,9 @@
 
 One builder for the three roles: the actor and the reference are language models; the critic is
 the same network with the vocab projection replaced by a scalar value head (see ValueHead).
-Layers come from the local spec (pure torch + megatron's tensor-parallel linears), or from the
-transformer-engine spec when transformer_engine imports on a GPU. fp32 on CPU, bf16 (or the
+Layers come from the local spec (pure torch + megatron's tensor-parallel linears, torch SDPA as the
+core attention: attention.py), or from the transformer-engine spec when transformer_engine imports on
+a GPU. fp32 on CPU, bf16 (or the
 layout's dtype) on GPU through megatron's Float16Module.
 """
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch.nn.functional as F
 
 from hybridrl.config.validate import ParallelLayout
 
-from . import compat
+from . import attention, compat
 from .hf_config import ModelArch, check_layout
 
 log = logging.getLogger(__name__)
@@ -87,15 +88,22 @@ def transformer_config(arch: ModelArch, layout: ParallelLayout, *, recompute: bo
         recompute_num_layers=1 if recompute else None,
     )
     kwargs.update(overrides or {})
+    if "attention_backend" in kwargs:  # YAML gives a name; megatron wants its enum
+        kwargs["attention_backend"] = attention.to_megatron(kwargs["attention_backend"])
     return TransformerConfig(**kwargs)
 
 
-def layer_spec(arch: ModelArch) -> Any:
+def layer_spec(arch: ModelArch, config: Any) -> Any:
+    """transformer-engine layers where TE imports, else megatron's local layers with torch SDPA as the core
+    attention (attention.py says why) unless config.attention_backend asks for megatron's unfused one."""
     from megatron.core.models.gpt import gpt_layer_specs as specs
 
     if use_transformer_engine():
         return specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=arch.qk_norm)
-    return specs.get_gpt_layer_local_spec(qk_layernorm=arch.qk_norm, normalization="RMSNorm")
+    spec = specs.get_gpt_layer_local_spec(qk_layernorm=arch.qk_norm, normalization="RMSNorm")
+    if attention.uses_sdpa(config):
+        spec.submodules.self_attention.submodules.core_attention = attention.sdpa_attention_class()
+    return spec
 
 
 class ValueHead(torch.nn.Module):
@@ -138,7 +146,7 @@ def build_model(arch: ModelArch, layout: ParallelLayout, *, value_head: bool = F
     from megatron.core.transformer.module import Float16Module
 
     config = transformer_config(arch, layout, recompute=recompute, overrides=overrides)
-    spec = layer_spec(arch)
+    spec = layer_spec(arch, config)
     chunks = []
     for vp_stage in range(layout.vpp or 1):
         stage = vp_stage if layout.vpp else None

@@ -192,6 +192,28 @@ def _layout(key: str, m: MegatronConfig, world: int, device: str, p: _Problems) 
     return ParallelLayout(world, tp, pp, cp, vpp, max(world // model_parallel, 1), m.sequence_parallel and tp > 1, dtype)
 
 
+def _check_transformer_overrides(key: str, m: MegatronConfig, p: _Problems) -> None:
+    """override_transformer_config: megatron TransformerConfig fields only, attention_backend one the
+    adapter runs (megatron would fail later, inside a worker, with a bare TypeError)."""
+    overrides = m.override_transformer_config or {}
+    if not overrides:
+        return
+    from hybridrl.adapters.megatron.attention import check_backend
+
+    if "attention_backend" in overrides:
+        problem = check_backend(overrides["attention_backend"])
+        p.check(problem is None, f"{key}.override_transformer_config.{problem}")
+    try:
+        from megatron.core.transformer.transformer_config import TransformerConfig
+    except ImportError:  # the driver may run without megatron; the workers check again when they build
+        return
+    names = [f.name for f in dataclasses.fields(TransformerConfig)]
+    for k in overrides:
+        close = difflib.get_close_matches(k, names, n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        p.check(k in names, f"{key}.override_transformer_config.{k} is not a megatron TransformerConfig field{hint}")
+
+
 def _same_layout(key: str, m: MegatronConfig, actor: MegatronConfig, p: _Problems) -> None:
     for k in LAYOUT_KEYS:
         mine, theirs = getattr(m, k), getattr(actor, k)
@@ -437,6 +459,9 @@ def validate(cfg: PPOConfig, cuda_available: Optional[Callable[[], bool]] = None
     )
     use_reference = ara.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
     _same_layout(f"{ARA}.ref.megatron", ara.ref.megatron, ara.actor.megatron, p)
+    for key, m in ((f"{ARA}.actor.megatron", ara.actor.megatron), (f"{ARA}.ref.megatron", ara.ref.megatron),
+                   ("critic.megatron", cfg.critic.megatron)):
+        _check_transformer_overrides(key, m, p)
     ref_micro = _micro(f"{ARA}.ref", ara.ref.log_prob_micro_batch_size, ara.ref.log_prob_micro_batch_size_per_gpu,
                        actor.dp, p, "log_prob_micro_batch_size", "log_prob_micro_batch_size_per_gpu")
     if ref_micro is None:

@@ -161,3 +161,17 @@ def test_bad_yaml_file_is_named(tmp_path):
 def test_no_effect_keys_are_reported():
     run = validate(load_config(QUICKSTART + ["actor_rollout_ref.model.use_remove_padding=True"]), cuda_available=CPU)
     assert any("use_remove_padding" in n and "no effect" in n for n in run.derived.notes)
+
+
+def test_override_transformer_config_is_checked_before_any_worker_starts():
+    ara = "actor_rollout_ref.actor.megatron.override_transformer_config"
+    ok = validate(load_config(QUICKSTART + [f"+{ara}.attention_backend=local"]), cuda_available=CPU)
+    assert ok.cfg.actor_rollout_ref.actor.megatron.override_transformer_config == {"attention_backend": "local"}
+    with pytest.raises(ConfigError) as e:
+        validate(load_config(QUICKSTART + [f"+{ara}.attention_backend=flash3",
+                                           "+critic.megatron.override_transformer_config.recompute_granularty=full"]),
+                 cuda_available=CPU)
+    msg = str(e.value)
+    assert f"{ara}.attention_backend='flash3' is not one of auto, flash, fused, unfused, local" in msg
+    assert ("critic.megatron.override_transformer_config.recompute_granularty is not a megatron TransformerConfig "
+            "field; did you mean recompute_granularity?") in msg

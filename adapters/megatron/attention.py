@@ -1,0 +1,92 @@
+"""Core attention for the local (no transformer-engine) layer spec: torch's scaled_dot_product_attention.
+
+Why not megatron's own DotProductAttention, which the local spec uses: it materialises the [b, heads, s, s]
+scores with a bf16 baddbmm, so every score is rounded to bf16 before the softmax, and the scores and
+probabilities take O(s^2) memory per layer. torch's SDPA runs a flash / memory-efficient kernel on the GPU
+(fp32 accumulation of q.k and of the softmax, O(s) memory) and a fused kernel on the CPU: the arithmetic
+vLLM's flash attention does at rollout, so the actor's log-probs and the rollout engine's differ by less.
+
+`transformer_config.attention_backend` picks the kernel, as megatron's own option does for the TE spec:
+auto / flash / fused -> SDPA (this module), unfused / local -> megatron's DotProductAttention.
+Anything SDPA cannot express exactly (an explicit mask, a sliding window, attention dropout, query-key
+layer scaling, a softmax offset, packed sequences) goes to DotProductAttention as well.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch.nn.functional as F
+
+SDPA_BACKENDS = ("auto", "flash", "fused")
+MEGATRON_BACKENDS = ("unfused", "local")
+BACKENDS = SDPA_BACKENDS + MEGATRON_BACKENDS
+
+
+def backend_name(value: Any) -> str:
+    """'auto' for None, the member name for megatron's AttnBackend enum, else the string itself."""
+    if value is None:
+        return "auto"
+    return getattr(value, "name", value)
+
+
+def uses_sdpa(config: Any) -> bool:
+    return backend_name(getattr(config, "attention_backend", None)) in SDPA_BACKENDS
+
+
+def sdpa_attention_class() -> type:
+    """SdpaAttention, defined on first use (megatron-core is imported lazily everywhere in the adapter)."""
+    global _SDPA
+    if _SDPA is None:
+        _SDPA = _define()
+    return _SDPA
+
+
+_SDPA: Optional[type] = None
+
+
+def _define() -> type:
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+    from megatron.core.transformer.enums import AttnMaskType
+
+    class SdpaAttention(DotProductAttention):
+        """DotProductAttention's interface and parameters; the causal case runs on torch's SDPA."""
+
+        def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
+                    packed_seq_params=None):
+            mask_type = attn_mask_type if attn_mask_type is not None else self.attn_mask_type
+            exact = (attention_mask is None and attention_bias is None and packed_seq_params is None
+                     and mask_type == AttnMaskType.causal and query.shape[0] == key.shape[0]
+                     and self.softmax_offset is None and not self.config.apply_query_key_layer_scaling
+                     and self.scale_mask_softmax.window_size is None
+                     and not (self.training and self.attention_dropout.p > 0))
+            if not exact:
+                return super().forward(query, key, value, attention_mask, attn_mask_type=attn_mask_type,
+                                       attention_bias=attention_bias, packed_seq_params=packed_seq_params)
+            # [s, b, heads, d] -> [b, heads, s, d]; kv groups repeated to the query heads (GQA) so every
+            # SDPA kernel applies (the fused kernels differ in which support grouped kv heads).
+            groups = self.num_attention_heads_per_partition // self.num_query_groups_per_partition
+            if groups > 1:
+                key = key.repeat_interleave(groups, dim=2)
+                value = value.repeat_interleave(groups, dim=2)
+            q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale)
+            s, b = query.shape[0], query.shape[1]
+            return out.permute(2, 0, 1, 3).reshape(s, b, self.hidden_size_per_partition)
+
+    return SdpaAttention
+
+
+def check_backend(value: Any) -> Optional[str]:
+    """An error message for an attention_backend this spec cannot run, else None."""
+    name = backend_name(value)
+    if name in BACKENDS:
+        return None
+    return f"attention_backend={value!r} is not one of {', '.join(BACKENDS)}"
+
+
+def to_megatron(value: Any) -> Any:
+    """A config string ('flash', ...) as megatron's AttnBackend enum (TransformerConfig wants the enum)."""
+    from megatron.core.transformer.enums import AttnBackend
+
+    return value if isinstance(value, AttnBackend) else AttnBackend[backend_name(value)]
+
