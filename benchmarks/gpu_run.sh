@@ -3,9 +3,10 @@
 #   stage: bash /tmp/b/unpack.sh /tmp/site (the offline bundle, DEVELOPERS.md) + the gguf wheel + the SmolLM2 file
 #   checks: tests/gpu (controller NCCL, megatron-core bf16, vLLM hybrid engine) + benchmarks/train_bench.py
 #   bench:  benchmarks/hybrid_bench.py (reshard, rollout vs standalone vLLM, plan vs measured)
+#   gap:    benchmarks/gap_bench.py on the random 1.5B model (each engine's log-probs vs a float32 reference)
 #   grpo:   GRPO on SmolLM2-135M-Instruct + gsm_symbolic for GRPO_TIME_S seconds, then grpo_report.py
 set -u
-MODE=${1:?usage: gpu_run.sh stage|checks|bench|grpo}
+MODE=${1:?usage: gpu_run.sh stage|checks|bench|gap|grpo}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT/results"
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 HF_HUB_OFFLINE=1 \
@@ -27,10 +28,18 @@ case "$MODE" in
     step test_controller_gpu 150 python3 -m pytest -q -x tests/gpu/test_controller_gpu.py
     step test_megatron_gpu 200 python3 -m pytest -q -x -s tests/gpu/test_megatron_gpu.py
     step test_vllm_hybrid 200 python3 -m pytest -q -x -s tests/gpu/test_vllm_hybrid.py
-    step train_bench 150 python3 benchmarks/train_bench.py --out "$OUT/results/train_bench.json"
+    step train_bench_local 150 python3 benchmarks/train_bench.py --attention-backend local --out "$OUT/train_bench_local.json"
+    step train_bench 150 python3 benchmarks/train_bench.py --peer "$OUT/train_bench_local.json" \
+      --out "$OUT/results/train_bench.json"
     ;;
   bench)
     step hybrid_bench 420 python3 benchmarks/hybrid_bench.py --eager --out-dir "$OUT/results"
+    ;;
+  gap)
+    M=${MODEL:-/tmp/qwen2_1.5b}
+    [ -f "$M/config.json" ] || step model 300 python3 benchmarks/multi_gpu_bench.py model --dir "$M" --shape 1.5b
+    step gap_bench 420 python3 benchmarks/gap_bench.py --model-dir "$M" --out "$OUT/results/gap_bench.json"
+    grep -E "_vs_" "$OUT/gap_bench.log"
     ;;
   grpo)
     T=${GRPO_TIME_S:-420}

@@ -128,13 +128,10 @@ def run_standalone(args: argparse.Namespace, model_dir: str, sleep_mode: bool = 
 
 
 # ------------------------------------------------------------------------------------------ hybrid
-def hybrid_run(args: argparse.Namespace, model_dir: str) -> dict:
-    import torch
-
+def start_worker(overrides: list[str], model_dir: str, cpu: bool = False) -> tuple:
+    """The real role worker (actor + colocated rollout engine) as rank 0 of 1, in this process:
+    (worker, the overrides it was built with, init_model's report). cpu: the torch engine on gloo."""
     from hybridrl.config import load_config, validate
-    from hybridrl.hybrid.checks import logprob_gap
-    from hybridrl.protocol import DataProto
-    from hybridrl.utils.device import device_memory_used
     from hybridrl.workers import ActorRolloutRefWorker
 
     with socket.socket() as s:
@@ -142,13 +139,22 @@ def hybrid_run(args: argparse.Namespace, model_dir: str) -> dict:
         port = s.getsockname()[1]
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
-    overrides = config_overrides(args, model_dir)
-    if args.cpu_dry_run:
-        overrides += ["trainer.device=cpu", "actor_rollout_ref.rollout.name=torch"]
+    if cpu:
+        overrides = overrides + ["trainer.device=cpu", "actor_rollout_ref.rollout.name=torch"]
     run = validate(load_config(overrides))
-    cuda = not args.cpu_dry_run
     worker = ActorRolloutRefWorker(run, model_dir, total_training_steps=10)
-    info = worker.init_model()
+    return worker, overrides, worker.init_model()
+
+
+def hybrid_run(args: argparse.Namespace, model_dir: str) -> dict:
+    import torch
+
+    from hybridrl.hybrid.checks import logprob_gap
+    from hybridrl.protocol import DataProto
+    from hybridrl.utils.device import device_memory_used
+
+    worker, overrides, info = start_worker(config_overrides(args, model_dir), model_dir, args.cpu_dry_run)
+    cuda = not args.cpu_dry_run
     mem = {k: v for k, v in info.items() if k.endswith("_bytes")}
     engine_bytes = mem["engine_awake_bytes"] - mem["before_engine_bytes"]
     freed = (mem["engine_awake_bytes"] - mem["engine_asleep_bytes"]) / engine_bytes if engine_bytes else float("nan")
@@ -174,7 +180,7 @@ def hybrid_run(args: argparse.Namespace, model_dir: str) -> dict:
                 worker.actor.offload(params=True, grads=False, optimizer=False)
 
     # generation through the worker (sync + generate + sleep), after a warm-up
-    prompts = make_prompts(args, run)
+    prompts = make_prompts(args.prompts, args.prompt_len, (TINY if args.cpu_dry_run else SHAPE)["vocab_size"])
     worker.generate_sequences(prompts[:8])
     runs = [worker.generate_sequences(prompts) for _ in range(REPEATS)]
     out = min(runs, key=lambda o: o.meta_info["metrics"]["timing_s/generate"])
@@ -228,15 +234,16 @@ def config_overrides(args: argparse.Namespace, model_dir: str) -> list[str]:
     ]
 
 
-def make_prompts(args: argparse.Namespace, run) -> "DataProto":  # noqa: F821
+def make_prompts(n: int, length: int, vocab: int) -> "DataProto":  # noqa: F821
+    """n random prompts of `length` ids below `vocab`, one sample each."""
     import numpy as np
     import torch
 
     from hybridrl.protocol import DataProto
 
-    ids = torch.tensor(prompt_ids(args.prompts, args.prompt_len, (TINY if args.cpu_dry_run else SHAPE)["vocab_size"]))
+    ids = torch.tensor(prompt_ids(n, length, vocab))
     mask = torch.ones_like(ids)
-    pos = torch.arange(args.prompt_len).expand_as(ids).clone()
+    pos = torch.arange(length).expand_as(ids).clone()
     # n=1 sample per prompt so the token count equals the standalone run's
     meta = {"step": 1, "validate": False}
     proto = DataProto.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": pos},

@@ -40,6 +40,10 @@ def parse() -> argparse.Namespace:
     p.add_argument("--micro", type=int, default=4, help="samples per micro-batch")
     p.add_argument("--updates", type=int, default=3, help="timed updates (after one warm-up update)")
     p.add_argument("--model-dir", default=None, help="existing HF folder to use instead of a random Qwen2-0.5B shape")
+    p.add_argument("--attention-backend", default="auto",
+                   help="override_transformer_config.attention_backend: auto (torch SDPA) or local (megatron's unfused)")
+    p.add_argument("--peer", default=None,
+                   help="an earlier result JSON of this script (e.g. --attention-backend local, same lease): ratios against it")
     return p.parse_args()
 
 
@@ -98,7 +102,8 @@ def build_actor(hf_dir: str, args: argparse.Namespace):
     parallel.init_megatron(layout, seed=1)
     cfg = ActorConfig(ppo_mini_batch_size=args.samples, ppo_micro_batch_size_per_gpu=args.micro,
                       loss_agg_mode="token-mean", optim=OptimConfig(lr=1e-6, clip_grad=1.0, total_training_steps=100),
-                      megatron=MegatronConfig(use_distributed_optimizer=True, sequence_parallel=False, seed=1))
+                      megatron=MegatronConfig(use_distributed_optimizer=True, sequence_parallel=False, seed=1,
+                                              override_transformer_config={"attention_backend": args.attention_backend}))
     plan = BatchPlan(samples_per_step=args.samples, mini_batch_samples=args.samples, mini_batches_per_epoch=1,
                      ppo_epochs=1, mini_batch_per_dp=args.samples, micro_batch_per_gpu=args.micro,
                      grad_accum=args.samples // args.micro, use_dynamic_bsz=False, max_token_len_per_gpu=16384,
@@ -123,6 +128,7 @@ def main() -> None:
     (actor, build_s) = timed(lambda: build_actor(hf_dir, args))
     batch = random_rollout_batch(args.samples, args.prompt, args.response, actor.arch.vocab_size)
     data = DataProto.from_dict(batch, meta_info={"temperature": 1.0})
+    actor.compute_log_prob(data)  # warm-up: the first call loads kernels (lazily loaded CUDA modules)
     out, logprob_s = timed(lambda: actor.compute_log_prob(data))
     data.batch["old_log_probs"] = out.batch["log_probs"]
     data.batch["advantages"] = torch.randn(batch["responses"].shape) * batch["response_mask"]
@@ -165,8 +171,18 @@ def main() -> None:
         "setup": {"samples": args.samples, "prompt": args.prompt, "response": args.response, "micro": args.micro,
                   "model": "Qwen2.5-0.5B shape, random bf16" if not args.model_dir else args.model_dir,
                   "layout": "tp=1 pp=1 dp=1, distributed optimizer, local layer spec (no transformer-engine)",
+                  "attention_backend": args.attention_backend,
                   "mfu_formula": "(6*N*tokens + 6*L*d_attn*sum(s_i^2)) / (update_seconds * 989e12)"},
     }
+    if args.peer:
+        with open(args.peer) as f:
+            peer = json.load(f)
+        m, p = result["metrics"], peer["metrics"]
+        m["update_tokens_per_s_vs_peer"] = m["update_tokens_per_s"] / p["update_tokens_per_s"]
+        m["logprob_tokens_per_s_vs_peer"] = m["logprob_tokens_per_s"] / p["logprob_tokens_per_s"]
+        m["peak_memory_vs_peer"] = m["peak_memory_gib"] / p["peak_memory_gib"]
+        result["setup"]["peer"] = {"attention_backend": peer["setup"].get("attention_backend", "local"),
+                                   "command": peer["command"], "metrics": p}
     print(json.dumps(result, indent=2))
     print("MFU = (6 * N * tokens + 6 * L * d_attn * sum_i s_i^2) / (seconds * 989e12); "
           f"N={n_matmul:,}, tokens={tokens:,}, seconds={update_s:.3f}")
@@ -197,8 +213,13 @@ def write_summary(path: str, result: dict) -> None:
         f"optimizer {m['offload_optimizer_bytes'] / 2**30:.2f}); onload {m['onload_bytes'] / 2**30:.2f} GiB in "
         f"{m['onload_seconds']:.3f} s",
         "",
-        "Attention runs megatron's local (unfused) implementation: no transformer-engine on the host.",
+        f"Attention backend: {s['attention_backend']} (auto = torch SDPA, adapters/megatron/attention.py; local = "
+        "megatron's unfused DotProductAttention); no transformer-engine on the host.",
     ]
+    if "peer" in s:
+        lines += ["", f"Against the same run with attention_backend={s['peer']['attention_backend']} (same lease): update "
+                  f"{m['update_tokens_per_s_vs_peer']:.2f}x tokens/s, log-prob forward {m['logprob_tokens_per_s_vs_peer']:.2f}x, "
+                  f"peak memory {m['peak_memory_vs_peer']:.2f}x."]
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
 
