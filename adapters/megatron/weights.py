@@ -1,16 +1,17 @@
 """Moving weights between a HuggingFace folder and this rank's megatron chunks, through mapping.py.
 
 `load_hf_weights` (import): each rank reads only the tensors (and rows/columns) of its own shards.
-`export_hf_weights` (export, collective over all ranks of the role): for each parameter in the
-fixed plan order, the owning pipeline stage all-gathers the tp shards and un-fuses them into HF
-tensors, then broadcasts them over the pipeline group, so EVERY rank receives full HF tensors,
-bucket by bucket (never the whole model at once). Data-parallel replicas hold identical weights
+`export_hf_weights` (export, collective over all ranks of the role): bucket by bucket in the fixed
+plan order (never the whole model at once), the owning pipeline stage all-gathers the tp shards
+(several parameters per collective) and un-fuses them into HF tensors, then broadcasts them over the
+pipeline group, so EVERY rank receives full HF tensors. Data-parallel replicas hold identical weights
 and do the same work independently. This is also what the rollout weight sync calls.
 `local_regions` (no communication): what this rank's own shards hold of each HF weight, as views,
 for the rollout's direct copy when the engine's layout matches the training layout.
 """
 from __future__ import annotations
 
+import math
 from typing import Collection, Iterator, Optional
 
 import torch
@@ -97,31 +98,41 @@ def export_hf_weights(chunks: list[torch.nn.Module], arch: ModelArch, layout: Pa
     Every rank must iterate to the end (the collectives run inside the generator) and pass the same
     `names` (only those HF weights; None: all). Tensors are in the model dtype on the training device
     and may alias live parameters: copy them before the next update.
+    Bucket boundaries follow the plan order and the HF sizes alone, so every rank cuts the same buckets.
     """
     from megatron.core import parallel_state as ps
 
-    tp_rank, pp_rank = _ranks()
+    _, pp_rank = _ranks()
     params = _params(chunks)
     dtype = next(iter(params[0].values())).dtype
     wanted = None if names is None else set(names)
-    bucket: WeightBucket = []
-    size = 0
-    for entry in plan(arch, topology(chunks, layout, value_head)):
-        if not entry.export or (wanted is not None and wanted.isdisjoint(entry.hf)):
-            continue
-        tensors = _gather_on_owner(entry, params, arch, layout) if entry.pp_rank == pp_rank else None
-        if layout.pp > 1:
-            tensors = _broadcast_from_owner(entry, tensors, dtype, ps.get_pipeline_model_parallel_group())
-        for name, t in tensors:
-            if wanted is not None and name not in wanted:
-                continue
-            bucket.append((name, t))
-            size += t.numel() * t.element_size()
-        if size >= bucket_bytes:
-            yield bucket
-            bucket, size = [], 0
-    if bucket:
+    entries = [e for e in plan(arch, topology(chunks, layout, value_head))
+               if e.export and (wanted is None or not wanted.isdisjoint(e.hf))]
+    for group in _buckets(entries, wanted, dtype.itemsize, bucket_bytes):
+        owned = [e for e in group if e.pp_rank == pp_rank]
+        full = _gather_on_owner(owned, params, arch, layout)
+        bucket: WeightBucket = []
+        for entry in group:
+            tensors = full.get(id(entry))
+            if layout.pp > 1:
+                tensors = _broadcast_from_owner(entry, tensors, dtype, ps.get_pipeline_model_parallel_group())
+            bucket += [(n, t) for n, t in tensors if wanted is None or n in wanted]
         yield bucket
+
+
+def _buckets(entries: list[Entry], wanted: Optional[set[str]], itemsize: int, bucket_bytes: int) -> Iterator[list[Entry]]:
+    """Consecutive entries whose wanted HF tensors add up to `bucket_bytes` (the last one may pass it)."""
+    group: list[Entry] = []
+    size = 0
+    for entry in entries:
+        group.append(entry)
+        size += sum(math.prod(shape) * itemsize for name, shape in zip(entry.hf, entry.hf_shapes)
+                    if wanted is None or name in wanted)
+        if size >= bucket_bytes:
+            yield group
+            group, size = [], 0
+    if group:
+        yield group
 
 
 def local_regions(chunks: list[torch.nn.Module], arch: ModelArch, layout: ParallelLayout,
@@ -143,16 +154,50 @@ def local_regions(chunks: list[torch.nn.Module], arch: ModelArch, layout: Parall
     return out
 
 
-def _gather_on_owner(entry: Entry, params, arch: ModelArch, layout: ParallelLayout) -> list[tuple[str, torch.Tensor]]:
+# Bytes of local shards fused into one tp all-gather. One collective per tensor (about 200 per sync of a
+# 1.5B model) is latency-bound; one per bucket would hold the bucket twice (gathered shards + HF tensors).
+GATHER_BYTES = 64 << 20
+
+
+def _gather_on_owner(entries: list[Entry], params, arch: ModelArch,
+                     layout: ParallelLayout) -> dict[int, list[tuple[str, torch.Tensor]]]:
+    """id(entry) -> its full HF tensors, for entries of this rank's pipeline stage. tp-split shards travel
+    flattened and concatenated, GATHER_BYTES of local shards per all-gather."""
+    out: dict[int, list[tuple[str, torch.Tensor]]] = {}
+    pending: list[tuple[Entry, torch.Tensor]] = []
+    pending_bytes = 0
+    for entry in entries:
+        shard = _param(params, entry).detach()
+        if layout.tp == 1 or not is_tp_split(entry):
+            out[id(entry)] = shards_to_hf(entry, [shard], arch)
+            continue
+        pending.append((entry, shard))
+        pending_bytes += shard.numel() * shard.element_size()
+        if pending_bytes >= GATHER_BYTES:
+            out.update(_fused_tp_gather(pending, arch, layout.tp))
+            pending, pending_bytes = [], 0
+    if pending:
+        out.update(_fused_tp_gather(pending, arch, layout.tp))
+    return out
+
+
+def _fused_tp_gather(pending: list[tuple[Entry, torch.Tensor]], arch: ModelArch,
+                     tp: int) -> dict[int, list[tuple[str, torch.Tensor]]]:
+    """One all_gather_into_tensor for the flattened shards of several entries -> their full HF tensors."""
     from megatron.core import parallel_state as ps
 
-    shard = _param(params, entry).detach()
-    if layout.tp > 1 and is_tp_split(entry):
-        shards = [torch.empty_like(shard) for _ in range(layout.tp)]
-        dist.all_gather(shards, shard.contiguous(), group=ps.get_tensor_model_parallel_group())
-    else:
-        shards = [shard]
-    return shards_to_hf(entry, shards, arch)
+    local = torch.cat([shard.reshape(-1) for _, shard in pending])
+    gathered = torch.empty(tp * local.numel(), dtype=local.dtype, device=local.device)
+    dist.all_gather_into_tensor(gathered, local, group=ps.get_tensor_model_parallel_group())
+    per_rank = gathered.view(tp, local.numel())
+    del local
+    out, offset = {}, 0
+    for entry, shard in pending:
+        n = shard.numel()
+        shards = [per_rank[r, offset:offset + n].view(shard.shape) for r in range(tp)]
+        out[id(entry)] = shards_to_hf(entry, shards, arch)
+        offset += n
+    return out
 
 
 def _broadcast_from_owner(entry: Entry, tensors, dtype: torch.dtype, group) -> list[tuple[str, torch.Tensor]]:

@@ -27,6 +27,7 @@ from safetensors.torch import load_file
 from transformers import AutoConfig
 
 from hybridrl.adapters.base import ActorModel
+from hybridrl.adapters.megatron import weights as megatron_weights
 from hybridrl.config.schema.actor import ActorConfig, ModelConfig
 from hybridrl.config.schema.common import MegatronConfig, OptimConfig
 from hybridrl.config.validate import BatchPlan
@@ -39,6 +40,8 @@ LAYOUTS = ((2, 1), (1, 2), (2, 2))
 TP_G = (1, 2)
 PROMPTS = 4
 BUCKET_BYTES = 24 * 1024  # small: a tiny model still streams in many buckets
+# and several fused tp all-gathers per bucket (the layout tests export with the default: one per bucket)
+GATHER_BYTES = 6 * 1024
 # top-k/top-p off: the rollout's processed log-probs are then the actor's log-probs at this temperature
 SAMPLING = SamplingParams(n=2, temperature=0.7, max_tokens=6)
 
@@ -214,6 +217,7 @@ def main() -> None:
     from hybridrl.adapters.megatron.parallel import ensure_process_group
 
     torch.set_num_threads(1)
+    megatron_weights.GATHER_BYTES = GATHER_BYTES
     ensure_process_group(timeout_s=120)
     out_dir, hf_dirs = sys.argv[1], sys.argv[2:]
     results: list = []
