@@ -186,9 +186,20 @@ def allgather(args: argparse.Namespace) -> None:
     sync()
     seconds = (time.perf_counter() - start) / reps
     received = shard.numel() * 2 * (world - 1)
+    # one GPU's own copy bandwidth: the floor for bytes written into the engine on this GPU
+    src = torch.empty_like(out)
+    for _ in range(3):
+        out.copy_(src)
+    sync()
+    start = time.perf_counter()
+    for _ in range(reps):
+        out.copy_(src)
+    sync()
+    d2d = out.numel() * 2 * reps / (time.perf_counter() - start)
     if dist.get_rank() == 0:
         record = {"world": world, "output_bytes": out.numel() * 2, "seconds": seconds,
-                  "algbw_bytes_per_s": out.numel() * 2 / seconds, "busbw_bytes_per_s": received / seconds}
+                  "algbw_bytes_per_s": out.numel() * 2 / seconds, "busbw_bytes_per_s": received / seconds,
+                  "d2d_bytes_per_s": d2d}
         with open(args.out, "w") as f:
             json.dump(record, f, indent=1)
         print(f"all-gather over {world} ranks: {record['busbw_bytes_per_s'] / 1e9:.1f} GB/s bus bandwidth, "
@@ -239,12 +250,28 @@ def grpo_summary(metrics_file: str) -> dict:
         "logprob_abs_diff_mean": mean("rollout_vs_actor/logprob_abs_diff_mean"),
         "logprob_abs_diff_max": max(r.get("rollout_vs_actor/logprob_abs_diff_max", 0.0) for r in steps),
         "reshard_bytes": mean("reshard/bytes"),
+        "reshard_direct_bytes": mean("reshard/direct_bytes") or 0.0,
         "reshard_stream_s": mean("timing_s/reshard_stream"),
+        "reshard_wait_s": mean("timing_s/reshard_wait"),
+        "reshard_stream_s_per_step": [r.get("timing_s/reshard_stream") for r in steps],
         "rollout_peak_used_bytes": max(r.get("memory/rollout_used_bytes", 0.0) for r in steps),
         "train_peak_bytes": max(r.get("memory/train_peak_bytes", 0.0) for r in steps),
         "score_mean": mean("critic/score/mean"), "response_length_mean": mean("response_length/mean"),
     })
     return out
+
+
+def sync_floor(run: dict, ag: dict) -> dict:
+    """The least time a sync of this run can take, from bandwidths measured in the same lease:
+      nvlink: bytes that went through the export cross GPUs in the tp all-gather (actor tp > 1) at the
+              measured all-gather algorithm bandwidth (output bytes per second);
+      local:  every byte the engine ends up holding on this GPU is written once, at the device copy bandwidth.
+    The two could overlap, so the floor is the larger one."""
+    streamed = run["reshard_bytes"] - run.get("reshard_direct_bytes", 0.0)
+    nvlink = streamed / ag["algbw_bytes_per_s"] if run.get("actor_tp", 1) > 1 else 0.0
+    local = run["reshard_bytes"] / ag["d2d_bytes_per_s"] if ag.get("d2d_bytes_per_s") else 0.0
+    return {"sync_floor_nvlink_seconds": nvlink, "sync_floor_local_seconds": local,
+            "sync_floor_seconds": max(nvlink, local)}
 
 
 def report(args: argparse.Namespace) -> None:
@@ -255,6 +282,8 @@ def report(args: argparse.Namespace) -> None:
     if ag:
         metrics["allgather_busbw_bytes_per_s"] = ag["busbw_bytes_per_s"]
         metrics["allgather_algbw_bytes_per_s"] = ag["algbw_bytes_per_s"]
+        if "d2d_bytes_per_s" in ag:
+            metrics["d2d_bytes_per_s"] = ag["d2d_bytes_per_s"]
     runs = {}
     for path in sorted(glob.glob(os.path.join(args.in_dir, "grpo_*", "logs", "metrics.jsonl"))):
         name = os.path.basename(os.path.dirname(os.path.dirname(path)))[len("grpo_"):]
@@ -271,12 +300,9 @@ def report(args: argparse.Namespace) -> None:
         reshard = r.get("reshard_stream_s") or r.get("reshard_s")
         if reshard and r.get("reshard_bytes"):
             metrics[f"{name}_sync_seconds"] = reshard
-            # every GPU ends up with the whole model: with the actor split over tp ranks each receives
-            # (tp-1)/tp of it from the others, at best at the measured all-gather bandwidth
-            if ag and r.get("actor_tp", 1) > 1:
-                floor = r["reshard_bytes"] / ag["algbw_bytes_per_s"]
-                metrics[f"{name}_sync_floor_seconds"] = floor
-                metrics[f"{name}_sync_time_over_floor"] = reshard / floor
+            if ag:
+                metrics.update({f"{name}_{k}": v for k, v in sync_floor(r, ag).items()})
+                metrics[f"{name}_sync_time_over_floor"] = reshard / metrics[f"{name}_sync_floor_seconds"]
     one = runs.get("1gpu", {})
     for name, r in runs.items():
         if name != "1gpu" and one.get("tokens_per_s_per_gpu") and r.get("tokens_per_s_per_gpu"):

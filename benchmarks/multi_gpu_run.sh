@@ -5,6 +5,13 @@
 #   parity           tp=2, pp=2, dp=2 against one GPU (log-probs, one update) + NCCL all-gather bandwidth
 #   grpo NAME N ...  the real trainer (Ray controller, vLLM) on N GPUs with preset 1.5b_2gpu, extra overrides
 #   report           benchmarks/multi_gpu_bench.py report -> $OUT/results/two_gpu.json
+# Issue 8 in one lease (compare timings only within a lease; DEVELOPERS.md): stage, parity, then
+#   grpo 1gpu 1
+#   grpo 2gpu_dp 2                                   actor dp2 -> vLLM tp_g1 dp_g2 (no cross-GPU traffic)
+#   grpo 2gpu_tp 2 $TP2 $RTP2                        actor tp2 -> vLLM tp_g2 (shard to shard, direct copy)
+#   grpo 2gpu_tp_to_dp 2 $TP2 $RTP1                  actor tp2 -> vLLM tp_g1 dp_g2 (every rank gathers all)
+# with TP2=actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 and
+# RTP1/RTP2=actor_rollout_ref.rollout.tensor_model_parallel_size=1/2, then report.
 set -u
 MODE=${1:?usage: multi_gpu_run.sh stage|parity|grpo NAME NGPUS [overrides]|report}
 OUT=${OUT:-/tmp/out}
@@ -58,7 +65,7 @@ case "$MODE" in
     ;;
   report)
     $PY benchmarks/multi_gpu_bench.py report --in-dir "$OUT" --out "$OUT/results/two_gpu.json" \
-      --command "OUT=\$OUT bash benchmarks/multi_gpu_run.sh {stage,parity,grpo 1gpu 1,grpo 2gpu_dp 2,grpo 2gpu_tp 2 ...,report}" \
+      --command "OUT=\$OUT bash benchmarks/multi_gpu_run.sh {stage,parity,grpo 1gpu 1,grpo 2gpu_dp 2,grpo 2gpu_tp 2 ...,grpo 2gpu_tp_to_dp 2 ...,report}" \
       | tail -n 60
     ;;
 esac
