@@ -118,6 +118,7 @@ def export_hf_weights(chunks: list[torch.nn.Module], arch: ModelArch, layout: Pa
                 tensors = _broadcast_from_owner(entry, tensors, dtype, ps.get_pipeline_model_parallel_group())
             bucket += [(n, t) for n, t in tensors if wanted is None or n in wanted]
         yield bucket
+        del full, bucket, tensors  # before the next bucket is gathered: never two alive (weight_sync.py relies on it)
 
 
 def _buckets(entries: list[Entry], wanted: Optional[set[str]], itemsize: int, bucket_bytes: int) -> Iterator[list[Entry]]:
