@@ -5,6 +5,7 @@ Modules (one concern each):
     parallel     init_megatron / dispatch_info / destroy_megatron on an initialised torch.distributed
     hf_config    HF config -> ModelArch (llama, qwen2, mistral, qwen3); errors name the config field
     builder      ModelArch + layout -> GPTModel chunks (local or transformer-engine spec), ValueHead, DDP
+    attention    torch SDPA as the local spec's core attention (attention_backend), fallbacks to megatron's
     mapping      THE HF <-> Megatron weight mapping (fused QKV per group, fused gate/up, vocab padding, pp/vpp)
     weights      load_hf_weights (import) and export_hf_weights (collective, bucketed export)
     forward      verl batch -> re-aligned micro-batches; vocab-parallel log-probs and entropy
