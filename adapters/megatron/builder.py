@@ -4,8 +4,7 @@ One builder for the three roles: the actor and the reference are language models
 the same network with the vocab projection replaced by a scalar value head (see ValueHead).
 Layers come from the local spec (pure torch + megatron's tensor-parallel linears, torch SDPA as the
 core attention: attention.py), or from the transformer-engine spec when transformer_engine imports on
-a GPU. fp32 on CPU, bf16 (or the
-layout's dtype) on GPU through megatron's Float16Module.
+a GPU. fp32 on CPU, bf16 (or the layout's dtype) on GPU through megatron's Float16Module.
 """
 from __future__ import annotations
 
