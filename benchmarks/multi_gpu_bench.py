@@ -186,16 +186,9 @@ def allgather(args: argparse.Namespace) -> None:
     sync()
     seconds = (time.perf_counter() - start) / reps
     received = shard.numel() * 2 * (world - 1)
-    # one GPU's own copy bandwidth: the floor for bytes written into the engine on this GPU
-    src = torch.empty_like(out)
-    for _ in range(3):
-        out.copy_(src)
-    sync()
-    start = time.perf_counter()
-    for _ in range(reps):
-        out.copy_(src)
-    sync()
-    d2d = out.numel() * 2 * reps / (time.perf_counter() - start)
+    from hybrid_bench import d2d_bandwidth  # benchmarks/ is this script's folder
+
+    d2d = d2d_bandwidth(dev.type, out.numel() * 2)  # the floor for bytes written into the engine on this GPU
     if dist.get_rank() == 0:
         record = {"world": world, "output_bytes": out.numel() * 2, "seconds": seconds,
                   "algbw_bytes_per_s": out.numel() * 2 / seconds, "busbw_bytes_per_s": received / seconds,

@@ -77,14 +77,6 @@ def _define() -> type:
     return SdpaAttention
 
 
-def check_backend(value: Any) -> Optional[str]:
-    """An error message for an attention_backend this spec cannot run, else None."""
-    name = backend_name(value)
-    if name in BACKENDS:
-        return None
-    return f"attention_backend={value!r} is not one of {', '.join(BACKENDS)}"
-
-
 def to_megatron(value: Any) -> Any:
     """A config string ('flash', ...) as megatron's AttnBackend enum (TransformerConfig wants the enum)."""
     from megatron.core.transformer.enums import AttnBackend

@@ -198,11 +198,11 @@ def _check_transformer_overrides(key: str, m: MegatronConfig, p: _Problems) -> N
     overrides = m.override_transformer_config or {}
     if not overrides:
         return
-    from hybridrl.adapters.megatron.attention import check_backend
+    from hybridrl.adapters.megatron.attention import BACKENDS
 
     if "attention_backend" in overrides:
-        problem = check_backend(overrides["attention_backend"])
-        p.check(problem is None, f"{key}.override_transformer_config.{problem}")
+        _choices(f"{key}.override_transformer_config.attention_backend", overrides["attention_backend"],
+                 list(BACKENDS), p)
     try:
         from megatron.core.transformer.transformer_config import TransformerConfig
     except ImportError:  # the driver may run without megatron; the workers check again when they build

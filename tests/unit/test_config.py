@@ -172,6 +172,6 @@ def test_override_transformer_config_is_checked_before_any_worker_starts():
                                            "+critic.megatron.override_transformer_config.recompute_granularty=full"]),
                  cuda_available=CPU)
     msg = str(e.value)
-    assert f"{ara}.attention_backend='flash3' is not one of auto, flash, fused, unfused, local" in msg
+    assert f"{ara}.attention_backend='flash3' is not one of auto, flash, fused, local, unfused; did you mean flash?" in msg
     assert ("critic.megatron.override_transformer_config.recompute_granularty is not a megatron TransformerConfig "
             "field; did you mean recompute_granularity?") in msg

@@ -115,9 +115,3 @@ def test_attention_backend_selects_the_kernel(value, sdpa):
     assert attention.uses_sdpa(SimpleNamespace(attention_backend=value)) is sdpa
     if value is not None:
         assert attention.uses_sdpa(SimpleNamespace(attention_backend=attention.to_megatron(value))) is sdpa
-
-
-def test_unknown_attention_backend_is_named():
-    assert attention.check_backend("flash") is None
-    msg = attention.check_backend("flash3")
-    assert "flash3" in msg and "unfused" in msg
