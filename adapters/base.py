@@ -53,6 +53,8 @@ class OffloadReport:
     grads_bytes: int = 0
     optimizer_bytes: int = 0
     seconds: float = 0.0
+    wait_seconds: float = 0.0  # of `seconds`: waiting for the device's queued work before moving anything
+    host_alloc_seconds: float = 0.0  # of `seconds`: allocating and pinning host memory (first offload only)
 
     @property
     def total_bytes(self) -> int:

@@ -1,4 +1,5 @@
 """Moving a role's params / grads / optimizer state to pinned CPU memory and back (GPU only).
+The host memory is one pinned.PinnedBuffer per kind (HostArena): registered once, reused every step.
 
 Works at the level of tensor STORAGES: a storage is copied to a pinned host buffer and resized to 0
 bytes, then resized back and refilled on onload. Every tensor, view and buffer that megatron holds
@@ -10,6 +11,7 @@ On CPU the state already lives in host memory: both calls are no-ops reporting 0
 """
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable
@@ -19,11 +21,44 @@ import torch
 from hybridrl.adapters.base import OffloadReport
 
 from . import compat
+from .pinned import PinnedBuffer
+
+log = logging.getLogger(__name__)
+
+ALIGN = 512  # bytes; each storage's slot in a host arena starts on this boundary
+SLOW_PIN_BYTES_PER_S = 4e9  # pinning slower than this is logged as a warning, with its phases (pinned_bench: 11e9)
+
+
+@dataclass
+class HostArena:
+    """One pinned host buffer holding a kind's storages back to back.
+
+    One registration per kind instead of one per storage: the ~1,000 optimizer tensors of a 1.5B model took
+    6.5 s to pin one by one and ~2 s as one buffer (benchmarks/results/pinned_bench.md).
+    """
+
+    buffer: PinnedBuffer
+    slots: dict[int, tuple[int, int]]  # storage key -> (offset, nbytes)
+
+    @classmethod
+    def build(cls, sizes: dict[int, int]) -> "HostArena":
+        slots, offset = {}, 0
+        for key, nbytes in sizes.items():
+            slots[key] = (offset, nbytes)
+            offset += -(-nbytes // ALIGN) * ALIGN
+        return cls(PinnedBuffer(offset, pin=compat.cuda_in_use()), slots)
+
+    def holds(self, sizes: dict[int, int]) -> bool:
+        return {key: n for key, (_, n) in self.slots.items()} == sizes
+
+    def view(self, key: int) -> torch.Tensor:
+        offset, nbytes = self.slots[key]
+        return self.buffer.tensor[offset:offset + nbytes]
 
 
 @dataclass
 class State:
-    """Offloaded storages of one role, by kind, and the pinned buffers kept for reuse.
+    """Offloaded storages of one role, by kind, and the host arenas kept for reuse.
 
     Both are keyed by the storage's identity (`_storage_key`), not its address: onload re-allocates a
     storage, so its data_ptr changes every round, and buffers keyed by address were never found again
@@ -31,10 +66,26 @@ class State:
     """
 
     offloaded: dict[str, dict[int, tuple[Any, int]]] = field(default_factory=lambda: {"params": {}, "grads": {}, "optimizer": {}})
-    pinned: dict[str, dict[int, torch.Tensor]] = field(default_factory=lambda: {"params": {}, "optimizer": {}})
+    pinned: dict[str, HostArena] = field(default_factory=dict)
+    host_alloc_seconds: float = 0.0  # spent building arenas so far
+    host_phases: dict[str, float] = field(default_factory=dict)  # the same, by PinnedBuffer phase
 
     def pinned_bytes(self) -> int:
-        return sum(t.numel() for kind in self.pinned.values() for t in kind.values())
+        return sum(a.buffer.nbytes for a in self.pinned.values())
+
+    def arena(self, kind: str, sizes: dict[int, int]) -> HostArena:
+        """The kind's arena, rebuilt only when its storages changed (e.g. a rebuilt optimizer)."""
+        old = self.pinned.get(kind)
+        if old is not None and old.holds(sizes):
+            return old
+        if old is not None:
+            old.buffer.release()
+        start = time.perf_counter()
+        self.pinned[kind] = HostArena.build(sizes)
+        self.host_alloc_seconds += time.perf_counter() - start
+        for phase, seconds in self.pinned[kind].buffer.seconds.items():
+            self.host_phases[phase] = self.host_phases.get(phase, 0.0) + seconds
+        return self.pinned[kind]
 
 
 def offload(engine: Any, state: State, params: bool, grads: bool, optimizer: bool) -> OffloadReport:
@@ -50,6 +101,8 @@ def _move(engine: Any, state: State, params: bool, grads: bool, optimizer: bool,
         return OffloadReport()
     start = time.perf_counter()
     compat.synchronize()
+    waited = time.perf_counter() - start
+    alloc_before = state.host_alloc_seconds
     moved = {}
     for kind, wanted, tensors in (("params", params, lambda: _param_tensors(engine)),
                                   ("grads", grads, lambda: _grad_tensors(engine)),
@@ -61,10 +114,20 @@ def _move(engine: Any, state: State, params: bool, grads: bool, optimizer: bool,
         else:
             moved[kind] = _onload_storages(state, kind, keep=kind != "grads")
     compat.synchronize()
+    moved_at = time.perf_counter()
     if to_host:
         compat.empty_cache()
+    alloc = state.host_alloc_seconds - alloc_before
+    if alloc > 0:
+        phases = ", ".join(f"{k} {v:.2f} s" for k, v in state.host_phases.items())
+        say = log.warning if state.pinned_bytes() / alloc < SLOW_PIN_BYTES_PER_S else log.info
+        say("offload: pinning %.2f GB of host memory took %.2f s (%s; new storages only, then reused); "
+            "copies %.2f s, empty_cache %.2f s", state.pinned_bytes() / 1e9, alloc, phases,
+            moved_at - start - waited - alloc, time.perf_counter() - moved_at)
+        state.host_phases.clear()
     return OffloadReport(params_bytes=moved["params"], grads_bytes=moved["grads"],
-                         optimizer_bytes=moved["optimizer"], seconds=time.perf_counter() - start)
+                         optimizer_bytes=moved["optimizer"], seconds=time.perf_counter() - start,
+                         wait_seconds=waited, host_alloc_seconds=alloc)
 
 
 def _storage_key(storage: Any) -> int:
@@ -86,23 +149,18 @@ def _unique_storages(tensors: Iterable[torch.Tensor], skip: set[int], device_typ
 
 def _offload_storages(tensors: Iterable[torch.Tensor], state: State, kind: str, keep: bool,
                       device_type: str = "cuda") -> int:
+    if state.offloaded[kind]:  # already on the host: a second offload must not rebuild (and lose) the arena
+        return 0
     taken = {k for d in state.offloaded.values() for k in d}
     storages = _unique_storages(tensors, taken, device_type)
-    pinned = state.pinned.get(kind, {})
-    if keep:  # buffers of storages that no longer exist (e.g. a rebuilt optimizer) would only hold host memory
-        for key in set(pinned) - set(storages):
-            del pinned[key]
+    if keep:
+        arena = state.arena(kind, {key: s.nbytes() for key, s in storages.items()})
+        for key, storage in storages.items():
+            arena.view(key).copy_(_bytes_view(storage), non_blocking=True)
+    compat.synchronize()  # every copy has landed before any device storage is released
     total = 0
     for key, storage in storages.items():
-        nbytes = storage.nbytes()
-        if keep:
-            host = pinned.get(key)
-            if host is None or host.numel() != nbytes:
-                host = pinned[key] = torch.empty(nbytes, dtype=torch.uint8, pin_memory=compat.cuda_in_use())
-            host.copy_(_bytes_view(storage), non_blocking=True)
-        total += nbytes
-    compat.synchronize()  # every copy has landed before any device storage is released
-    for key, storage in storages.items():
+        total += storage.nbytes()
         state.offloaded[kind][key] = (storage, storage.nbytes())
         storage.resize_(0)
     return total
@@ -114,7 +172,7 @@ def _onload_storages(state: State, kind: str, keep: bool) -> int:
         storage.resize_(nbytes)
         view = _bytes_view(storage)
         if keep:
-            view.copy_(state.pinned[kind][key], non_blocking=True)
+            view.copy_(state.pinned[kind].view(key), non_blocking=True)
         else:
             view.zero_()
         del state.offloaded[kind][key]

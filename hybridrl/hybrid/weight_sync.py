@@ -152,7 +152,9 @@ class WeightSync:
 
     def _offload(self, *, params: bool, grads: bool, optimizer: bool) -> dict[str, float]:
         report = self.actor.offload(params=params, grads=grads, optimizer=optimizer)
-        return {"timing_s/offload": float(report.seconds), "offload/bytes": float(report.total_bytes)}
+        return {"timing_s/offload": float(report.seconds), "offload/bytes": float(report.total_bytes),
+                "timing_s/offload_wait": float(report.wait_seconds),
+                "timing_s/offload_host_alloc": float(report.host_alloc_seconds)}
 
     def _stream(self, sent: SentChecksums) -> dict[str, float]:
         start = time.perf_counter()

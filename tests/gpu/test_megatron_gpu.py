@@ -161,5 +161,14 @@ def test_ppo_updates_and_offload(actor):
     assert off.params_bytes > 0 and off.optimizer_bytes > 0 and off.grads_bytes > 0
     assert on.total_bytes == off.total_bytes and freed >= 0.8 * off.total_bytes
     assert sum(float(p.detach().float().sum()) for c in actor.engine.chunks for p in c.parameters()) == checksum
+    arenas = dict(actor._offloaded.pinned)
+    assert set(arenas) == {"params", "optimizer"}
+    assert all(a.buffer.registered and a.buffer.tensor.is_pinned() for a in arenas.values())
+    slots = sum(len(a.slots) for a in arenas.values())  # exact sizes plus alignment, not rounded up to 2**k
+    assert 0 <= actor._offloaded.pinned_bytes() - (off.params_bytes + off.optimizer_bytes) < slots * 512
+    again = actor.offload(params=True, grads=True, optimizer=True)
+    actor.onload(params=True, grads=True, optimizer=True)
+    print(f"[megatron gpu] second offload {again.seconds:.3f} s (first {off.seconds:.3f} s, which pinned the arenas)")
+    assert actor._offloaded.pinned == arenas  # reused, not re-registered
     after = actor.update_policy(data)  # training continues after the round trip
     assert torch.isfinite(torch.tensor(after["actor/pg_loss"]))

@@ -1,5 +1,5 @@
-"""Re-aligning verl batches for megatron, splitting into micro-batches, and the pieces of offload and
-the CPU RNG tracker that can be checked without processes (megatron itself is not imported here)."""
+"""Re-aligning verl batches for megatron, splitting into micro-batches, and the CPU RNG tracker
+(megatron itself is not imported here; offload is in test_megatron_offload.py)."""
 from __future__ import annotations
 
 import pytest
@@ -64,53 +64,6 @@ def test_mini_batches_are_in_order_or_a_seeded_permutation():
     assert sorted(torch.cat(a).tolist()) == list(range(6))
     with pytest.raises(ValueError, match="not a multiple of the per-rank mini-batch 4"):
         mini_batch_rows(6, 4, None)
-
-
-def test_offload_releases_and_restores_storages_in_place():
-    from hybridrl.adapters.megatron import offload
-
-    state = offload.State()
-    base = torch.arange(12, dtype=torch.float32)
-    views = [base[:6], base[6:]]  # two views of one storage: moved once
-    moved = offload._offload_storages(views, state, "params", keep=True, device_type="cpu")
-    assert moved == 48 and base.untyped_storage().nbytes() == 0
-    assert offload._onload_storages(state, "params", keep=True) == 48
-    assert torch.equal(base, torch.arange(12, dtype=torch.float32)) and views[1][0] == 6
-
-
-def test_offload_rounds_reuse_their_host_buffers_when_storages_move():
-    from hybridrl.adapters.megatron import offload
-
-    state = offload.State()
-    params = torch.arange(1 << 16, dtype=torch.float32)
-    adam = torch.full((1 << 15,), 2.0)
-    buffers, addresses = [], set()
-    for _ in range(4):
-        addresses.add(params.untyped_storage().data_ptr())
-        offload._offload_storages([params], state, "params", keep=True, device_type="cpu")
-        offload._offload_storages([adam], state, "optimizer", keep=True, device_type="cpu")
-        buffers.append({id(t) for kind in state.pinned.values() for t in kind.values()})
-        hold = [torch.empty(1 << 16) for _ in range(4)]  # what the rollout engine allocates meanwhile
-        offload._onload_storages(state, "params", keep=True)
-        offload._onload_storages(state, "optimizer", keep=True)
-        del hold
-        params.add_(1)  # the update
-    assert len(addresses) > 1, "the storage never moved: this test would not see a buffer keyed by address"
-    assert all(b == buffers[0] for b in buffers) and len(buffers[0]) == 2
-    assert state.pinned_bytes() == params.numel() * 4 + adam.numel() * 4
-    assert torch.equal(params, torch.arange(1 << 16, dtype=torch.float32) + 4) and bool((adam == 2).all())
-
-
-def test_offload_drops_host_buffers_of_storages_that_are_gone():
-    from hybridrl.adapters.megatron import offload
-
-    state = offload.State()
-    first = torch.ones(1024)
-    offload._offload_storages([first], state, "optimizer", keep=True, device_type="cpu")
-    offload._onload_storages(state, "optimizer", keep=True)
-    rebuilt = torch.zeros(512)  # e.g. a new optimizer: the old state's buffer must not stay pinned
-    offload._offload_storages([rebuilt], state, "optimizer", keep=True, device_type="cpu")
-    assert state.pinned_bytes() == 512 * 4
 
 
 def test_cpu_rng_tracker_forks_without_disturbing_the_default_stream():
