@@ -116,21 +116,23 @@ def _move(engine: Any, state: State, params: bool, grads: bool, optimizer: bool,
         else:
             moved[kind] = _onload_storages(state, kind, keep=kind != "grads")
     compat.synchronize()
-    moved_at = time.perf_counter()
     if to_host:
         compat.empty_cache()
     alloc = state.host_alloc_seconds - alloc_before
     if alloc > 0:
-        pinned_now = state.host_alloc_bytes - bytes_before
-        phases = ", ".join(f"{k} {v:.2f} s" for k, v in state.host_phases.items())
-        say = log.warning if pinned_now / alloc < SLOW_PIN_BYTES_PER_S else log.info
-        say("offload: pinning %.2f GB of host memory took %.2f s (%s; once, then reused); "
-            "copies %.2f s, empty_cache %.2f s", pinned_now / 1e9, alloc, phases,
-            moved_at - start - waited - alloc, time.perf_counter() - moved_at)
-        state.host_phases.clear()
+        _log_pinning(state, state.host_alloc_bytes - bytes_before, alloc)
     return OffloadReport(params_bytes=moved["params"], grads_bytes=moved["grads"],
                          optimizer_bytes=moved["optimizer"], seconds=time.perf_counter() - start,
                          wait_seconds=waited, host_alloc_seconds=alloc)
+
+
+def _log_pinning(state: State, nbytes: int, seconds: float) -> None:
+    """Once per run (per new set of storages); a warning, with the phases, when it ran slower than expected."""
+    phases = ", ".join(f"{k} {v:.2f} s" for k, v in state.host_phases.items())
+    say = log.warning if nbytes / seconds < SLOW_PIN_BYTES_PER_S else log.info
+    say("offload: pinning %.2f GB of host memory took %.2f s (%s); it is reused from now on",
+        nbytes / 1e9, seconds, phases)
+    state.host_phases.clear()
 
 
 def _storage_key(storage: Any) -> int:

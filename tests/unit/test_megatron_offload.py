@@ -133,3 +133,13 @@ def test_prefault_touches_every_page():
     pinned.prefault(t)
     pages = t[: 5 * pinned.PAGE].view(5, pinned.PAGE)
     assert bool((pages[:, 0] == 0).all()) and int((t == 0).sum()) == 6
+
+
+def test_slow_pinning_is_a_warning_with_its_phases(caplog):
+    state = offload.State(host_phases={"map": 0.0, "fault": 2.5, "register": 2.5})
+    with caplog.at_level("INFO", logger=offload.log.name):
+        offload._log_pinning(state, int(18.5e9), 5.0)  # 3.7 GB/s
+        offload._log_pinning(offload.State(), int(18.5e9), 0.7)
+    assert [r.levelname for r in caplog.records] == ["WARNING", "INFO"]
+    assert "18.50 GB" in caplog.records[0].getMessage() and "fault 2.50 s" in caplog.records[0].getMessage()
+    assert state.host_phases == {}
