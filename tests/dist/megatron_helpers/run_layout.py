@@ -90,17 +90,34 @@ def check_parity(args, layout, name: str) -> dict:
 
 
 def check_export(role, path: str) -> list[str]:
+    """Names that differ from the HF file, plus any bucket still alive when the next one is gathered."""
+    import weakref
+
     from safetensors.torch import load_file
+
+    from hybridrl.adapters.megatron import weights
 
     want = load_file(os.path.join(path, "model.safetensors"))
     if role.arch.tie_embeddings:
         want.pop("lm_head.weight", None)
-    seen, bad = set(), []
-    for bucket in role.export_weights(bucket_bytes=64 << 10):
-        for name, t in bucket:
-            seen.add(name)
-            if name not in want or not torch.equal(t.cpu(), want[name]):
-                bad.append(name)
+    seen, bad, previous = set(), [], []
+    gather = weights._gather_on_owner
+
+    def gather_after_the_last_bucket_is_gone(*args, **kwargs):
+        alive = [name for name, ref in previous if ref() is not None]
+        if len(alive) > 1:  # one may be the last collective's buffer, which torch.distributed's work object holds
+            bad.append(f"bucket alive during the next gather: {alive[:3]}")
+        return gather(*args, **kwargs)
+
+    weights._gather_on_owner = gather_after_the_last_bucket_is_gone
+    try:
+        for bucket in role.export_weights(bucket_bytes=64 << 10):
+            previous = [(name, weakref.ref(t)) for name, t in bucket]
+            seen.update(name for name, _ in bucket)
+            bad.extend(name for name, t in bucket if name not in want or not torch.equal(t.cpu(), want[name]))
+            del bucket  # what weight_sync does: the export must drop its own references too
+    finally:
+        weights._gather_on_owner = gather
     bad += [f"missing {n}" for n in sorted(set(want) - seen)]
     return bad
 
