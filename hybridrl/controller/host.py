@@ -15,6 +15,7 @@ from typing import Any, Mapping
 import torch
 
 from hybridrl.protocol import DataProto
+from hybridrl.utils import logs
 
 from .dispatch import DispatchInfo
 from .errors import RemoteFailure
@@ -65,6 +66,7 @@ class WorkerHost:
         """Publish the process identity, then build each role; a failure record if a constructor raised."""
         self._ctx = ctx
         ctx.export_env()
+        logs.setup()
         instances: dict[str, Any] = {}
         for name, spec in roles.items():
             try:

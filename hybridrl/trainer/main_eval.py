@@ -31,6 +31,7 @@ from hybridrl.config.loader import ConfigError, load_config, to_yaml
 from hybridrl.config.schema.critic import CustomRewardFunctionConfig
 from hybridrl.config.schema.evaluation import EvalConfig, EvalDataConfig
 from hybridrl.reward import RewardFunctionError, RewardManager, load_reward_fn
+from hybridrl.utils import logs
 
 
 # ------------------------------------------------------------------------------------------ pass@k
@@ -188,6 +189,7 @@ def run(cfg: EvalConfig) -> dict[str, Any]:
 
 def main(argv: Optional[list[str]] = None) -> int:
     cl = parse_command_line(sys.argv[1:] if argv is None else argv, default_config="evaluation")
+    logs.setup()
     try:
         cfg = load_config(cl.overrides, cl.config_name, cl.config_path, schema=EvalConfig)
         if cl.cfg_mode:

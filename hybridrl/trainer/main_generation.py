@@ -21,6 +21,7 @@ from hybridrl.config.cli import parse_command_line
 from hybridrl.config.loader import load_config, to_yaml
 from hybridrl.config.schema import DataConfig, GenerationConfig
 from hybridrl.rollout.base import SamplingParams
+from hybridrl.utils import logs
 
 
 def resolve_model_dir(model: Any) -> str:
@@ -126,6 +127,7 @@ def _free_port() -> int:
 
 def main(argv: Optional[list[str]] = None) -> int:
     cl = parse_command_line(sys.argv[1:] if argv is None else argv, default_config="generation")
+    logs.setup()
     try:
         cfg = load_config(cl.overrides, cl.config_name, cl.config_path, schema=GenerationConfig)
     except ConfigError as e:

@@ -13,6 +13,7 @@ from typing import Any, Iterator
 from hybridrl.config import RunConfig
 from hybridrl.hybrid.checks import logprob_gap
 from hybridrl.protocol import DataProto
+from hybridrl.utils import logs
 
 from . import batch_ops as ops
 from .components import Components
@@ -160,6 +161,7 @@ class PPOTrainer:
 def run_ppo(run: RunConfig) -> dict[str, Any]:
     """Build everything from the validated config, train, and shut down cleanly (also on errors).
     Returns the first and the last validation metrics ({"before": ..., "after": ...})."""
+    logs.setup()
     parts = Components.build(run)
     try:
         trainer = PPOTrainer(run, parts)

@@ -1,0 +1,43 @@
+"""Where hybridrl's own log records go: stderr, at INFO unless HYBRIDRL_LOG_LEVEL says otherwise.
+
+Python drops INFO records of a logger nobody configured (only warnings reach stderr), so the reshard plan,
+the direct-copy proof, the offload pinning time and the reward samples (`num_examine`) were never shown.
+Only the "hybridrl" logger is touched: vLLM, Ray and megatron keep their own settings. Every process calls
+`setup()`: the entry points (trainer, generation, eval) and each worker process (controller/host.py).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+LEVEL_ENV = "HYBRIDRL_LOG_LEVEL"
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+FORMAT = "hybridrl %(levelname)s [%(name)s] %(message)s"
+
+
+class _Stderr(logging.StreamHandler):
+    """Writes to whatever sys.stderr is at the time (Ray and pytest swap it after set-up)."""
+
+    hybridrl = True
+
+    @property
+    def stream(self):  # type: ignore[override]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
+def setup() -> None:
+    """Idempotent; raises ValueError naming HYBRIDRL_LOG_LEVEL when it holds no level name."""
+    level = os.environ.get(LEVEL_ENV, "INFO").strip().upper()
+    if level not in LEVELS:
+        raise ValueError(f"{LEVEL_ENV}={os.environ[LEVEL_ENV]!r}: use one of {', '.join(LEVELS)}")
+    logger = logging.getLogger("hybridrl")
+    logger.setLevel(level)
+    if not any(isinstance(h, _Stderr) for h in logger.handlers):
+        handler = _Stderr()
+        handler.setFormatter(logging.Formatter(FORMAT))
+        logger.addHandler(handler)

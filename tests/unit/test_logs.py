@@ -1,0 +1,49 @@
+"""hybridrl's log records reach stderr at INFO (they were dropped before: no handler), once, and the level
+comes from HYBRIDRL_LOG_LEVEL, which the Ray workers inherit."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from hybridrl.controller.runtime_env import forwarded_env
+from hybridrl.utils import logs
+
+
+@pytest.fixture
+def fresh_logger(monkeypatch):
+    logger = logging.getLogger("hybridrl")
+    saved = logger.handlers[:], logger.level
+    logger.handlers = [h for h in logger.handlers if not isinstance(h, logs._Stderr)]
+    yield logger
+    logger.handlers, logger.level = saved[0], saved[1]
+
+
+def test_info_of_any_hybridrl_module_reaches_stderr_once(fresh_logger, capsys, monkeypatch):
+    from hybridrl.adapters.megatron import offload  # imported through the adapters symlink
+
+    monkeypatch.delenv(logs.LEVEL_ENV, raising=False)
+    logs.setup()
+    logs.setup()
+    offload.log.info("pinned %d GB", 18)
+    logging.getLogger("hybridrl.hybrid.weight_sync").debug("not at INFO")
+    err = capsys.readouterr().err
+    assert err.count("pinned 18 GB") == 1 and "not at INFO" not in err
+    assert "hybridrl INFO [hybridrl.adapters.megatron.offload] pinned 18 GB" in err
+    assert logging.getLogger("vllm").level == logging.NOTSET  # other libraries untouched
+
+
+def test_the_level_comes_from_the_environment(fresh_logger, capsys, monkeypatch):
+    monkeypatch.setenv(logs.LEVEL_ENV, "warning")
+    logs.setup()
+    logging.getLogger("hybridrl.x").info("quiet")
+    logging.getLogger("hybridrl.x").warning("loud")
+    err = capsys.readouterr().err
+    assert "quiet" not in err and "loud" in err
+    monkeypatch.setenv(logs.LEVEL_ENV, "chatty")
+    with pytest.raises(ValueError, match="HYBRIDRL_LOG_LEVEL='chatty': use one of DEBUG, INFO"):
+        logs.setup()
+
+
+def test_ray_workers_inherit_the_level():
+    assert forwarded_env({logs.LEVEL_ENV: "DEBUG", "HYBRIDRL_API_TOKEN": "x"}) == {logs.LEVEL_ENV: "DEBUG"}
