@@ -114,7 +114,9 @@ def main() -> None:
     worker, used, _ = start_worker(overrides(args, model_dir), model_dir, cpu)
     print(f"worker up in {time.perf_counter() - start:.0f}s", flush=True)
 
-    prompts = make_prompts(args.prompts, args.prompt_len, SHAPES[args.shape]["vocab_size"])
+    with open(os.path.join(model_dir, "config.json")) as f:
+        vocab = json.load(f)["vocab_size"]  # the model's own: a real model (--model-dir) need not match --shape
+    prompts = make_prompts(args.prompts, args.prompt_len, vocab)
     out = worker.generate_sequences(prompts)
     out.meta_info["temperature"] = 1.0
     mask = out.batch["response_mask"]
