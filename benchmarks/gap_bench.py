@@ -101,7 +101,7 @@ def gap(a, b, mask) -> dict:
 def main() -> None:
     import torch
     from hybrid_bench import make_prompts, start_worker
-    from multi_gpu_bench import SHAPES, make_model
+    from multi_gpu_bench import make_model
 
     args = parse()
     cpu = args.cpu_dry_run
