@@ -143,10 +143,13 @@ def _get(cfg: Any, dotted: str) -> Any:
     return cfg
 
 
-def _choices(key: str, value: str, names: list[str], p: _Problems) -> None:
+def _did_you_mean(value: Any, names: list[str]) -> str:
     close = difflib.get_close_matches(str(value), names, n=1)
-    hint = f"; did you mean {close[0]}?" if close else ""
-    p.check(value in names, f"{key}={value!r} is not one of {', '.join(sorted(names))}{hint}")
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def _choices(key: str, value: str, names: list[str], p: _Problems) -> None:
+    p.check(value in names, f"{key}={value!r} is not one of {', '.join(sorted(names))}{_did_you_mean(value, names)}")
 
 
 def _registry_names(module: str, attr: str) -> Optional[list[str]]:
@@ -209,9 +212,8 @@ def _check_transformer_overrides(key: str, m: MegatronConfig, p: _Problems) -> N
         return
     names = [f.name for f in dataclasses.fields(TransformerConfig)]
     for k in overrides:
-        close = difflib.get_close_matches(k, names, n=1)
-        hint = f"; did you mean {close[0]}?" if close else ""
-        p.check(k in names, f"{key}.override_transformer_config.{k} is not a megatron TransformerConfig field{hint}")
+        p.check(k in names, f"{key}.override_transformer_config.{k} is not a megatron TransformerConfig field"
+                            f"{_did_you_mean(k, names)}")
 
 
 def _same_layout(key: str, m: MegatronConfig, actor: MegatronConfig, p: _Problems) -> None:
