@@ -67,9 +67,7 @@ class State:
 
     offloaded: dict[str, dict[int, tuple[Any, int]]] = field(default_factory=lambda: {"params": {}, "grads": {}, "optimizer": {}})
     pinned: dict[str, HostArena] = field(default_factory=dict)
-    host_alloc_seconds: float = 0.0  # spent building arenas so far
-    host_alloc_bytes: int = 0  # pinned by those builds
-    host_phases: dict[str, float] = field(default_factory=dict)  # the same, by PinnedBuffer phase
+    fresh: list[HostArena] = field(default_factory=list)  # built (pinned) since the last OffloadReport
 
     def pinned_bytes(self) -> int:
         return sum(a.buffer.nbytes for a in self.pinned.values())
@@ -82,12 +80,8 @@ class State:
         if old is not None:  # its data is on the device (nothing of this kind is offloaded): free it first
             old.buffer.release()
             del self.pinned[kind], old
-        start = time.perf_counter()
         self.pinned[kind] = HostArena.build(sizes)
-        self.host_alloc_seconds += time.perf_counter() - start
-        self.host_alloc_bytes += self.pinned[kind].buffer.nbytes
-        for phase, seconds in self.pinned[kind].buffer.seconds.items():
-            self.host_phases[phase] = self.host_phases.get(phase, 0.0) + seconds
+        self.fresh.append(self.pinned[kind])
         return self.pinned[kind]
 
 
@@ -105,7 +99,6 @@ def _move(engine: Any, state: State, params: bool, grads: bool, optimizer: bool,
     start = time.perf_counter()
     compat.synchronize()
     waited = time.perf_counter() - start
-    alloc_before, bytes_before = state.host_alloc_seconds, state.host_alloc_bytes
     moved = {}
     for kind, wanted, tensors in (("params", params, lambda: _param_tensors(engine)),
                                   ("grads", grads, lambda: _grad_tensors(engine)),
@@ -119,21 +112,23 @@ def _move(engine: Any, state: State, params: bool, grads: bool, optimizer: bool,
     compat.synchronize()
     if to_host:
         compat.empty_cache()
-    alloc = state.host_alloc_seconds - alloc_before
-    if alloc > 0:
-        _log_pinning(state, state.host_alloc_bytes - bytes_before, alloc)
+    fresh, state.fresh = state.fresh, []
+    alloc = sum(sum(a.buffer.seconds.values()) for a in fresh)
+    if fresh:
+        _log_pinning(fresh)
     return OffloadReport(params_bytes=moved["params"], grads_bytes=moved["grads"],
                          optimizer_bytes=moved["optimizer"], seconds=time.perf_counter() - start,
                          wait_seconds=waited, host_alloc_seconds=alloc)
 
 
-def _log_pinning(state: State, nbytes: int, seconds: float) -> None:
+def _log_pinning(arenas: list[HostArena]) -> None:
     """Once per run (per new set of storages); a warning, with the phases, when it ran slower than expected."""
-    phases = ", ".join(f"{k} {v:.2f} s" for k, v in state.host_phases.items())
-    say = log.warning if nbytes / seconds < SLOW_PIN_BYTES_PER_S else log.info
+    nbytes = sum(a.buffer.nbytes for a in arenas)
+    phases = {k: sum(a.buffer.seconds[k] for a in arenas) for k in arenas[0].buffer.seconds}
+    seconds = sum(phases.values())
+    say = log.warning if nbytes < SLOW_PIN_BYTES_PER_S * seconds else log.info
     say("offload: pinning %.2f GB of host memory took %.2f s (%s); it is reused from now on",
-        nbytes / 1e9, seconds, phases)
-    state.host_phases.clear()
+        nbytes / 1e9, seconds, ", ".join(f"{k} {v:.2f} s" for k, v in phases.items()))
 
 
 def _storage_key(storage: Any) -> int:

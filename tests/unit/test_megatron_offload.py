@@ -136,10 +136,13 @@ def test_prefault_touches_every_page():
 
 
 def test_slow_pinning_is_a_warning_with_its_phases(caplog):
-    state = offload.State(host_phases={"map": 0.0, "fault": 2.5, "register": 2.5})
+    def arena(nbytes, fault, register):
+        buf = pinned.PinnedBuffer(0, pin=False)
+        buf.nbytes, buf.seconds = nbytes, {"map": 0.0, "fault": fault, "register": register}
+        return offload.HostArena(buf, {})
+
     with caplog.at_level("INFO", logger=offload.log.name):
-        offload._log_pinning(state, int(18.5e9), 5.0)  # 3.7 GB/s
-        offload._log_pinning(offload.State(), int(18.5e9), 0.7)
+        offload._log_pinning([arena(int(18.5e9) - 4096, 2.0, 2.0), arena(4096, 0.5, 0.5)])  # 3.7 GB/s
+        offload._log_pinning([arena(int(18.5e9), 0.3, 0.4)])
     assert [r.levelname for r in caplog.records] == ["WARNING", "INFO"]
     assert "18.50 GB" in caplog.records[0].getMessage() and "fault 2.50 s" in caplog.records[0].getMessage()
-    assert state.host_phases == {}
