@@ -89,12 +89,11 @@ def free(tensors: list[torch.Tensor], keep: list[object]) -> None:
             getattr(torch._C, empty)()
 
 
-def held_bytes(way: str, sizes: list[int]) -> int:
-    if way == "torch_pin_memory":
-        return sum(1 << (n - 1).bit_length() for n in sizes)
-    if way == "pinned_per_storage":
-        return sum(sizes)
-    return sum(-(-n // offload.ALIGN) * offload.ALIGN for n in sizes)
+def held_bytes(sizes: list[int], owners: list[object]) -> int:
+    """What the PinnedBuffers hold; torch's allocator (no owners) rounds every block up to a power of two."""
+    if owners:
+        return sum(b.nbytes for b in owners)
+    return sum(1 << (n - 1).bit_length() for n in sizes)
 
 
 def main() -> None:
@@ -120,7 +119,7 @@ def main() -> None:
         name = way if way not in runs else f"{way}_again"
         phases = {k: round(v, 3) for k, v in getattr(keep[0], "seconds", {}).items()} if len(keep) == 1 else {}
         runs[name] = dict(seconds=round(seconds, 3), phases=phases, gb_per_s=round(sum(sizes) / seconds / 1e9, 2),
-                          held_gb=round(held_bytes(way, sizes) / 1e9, 2), is_pinned=bool(tensors[0].is_pinned()),
+                          held_gb=round(held_bytes(sizes, keep) / 1e9, 2), is_pinned=bool(tensors[0].is_pinned()),
                           d2h_gb_per_s=round(d2h, 1), h2d_gb_per_s=round(h2d, 1))
         print(f"[pinned_bench] {name}: {json.dumps(runs[name])}", flush=True)
         free(tensors, keep)
