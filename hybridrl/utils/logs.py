@@ -4,6 +4,8 @@ Python drops INFO records of a logger nobody configured (only warnings reach std
 the direct-copy proof, the offload pinning time and the reward samples (`num_examine`) were never shown.
 Only the "hybridrl" logger is touched: vLLM, Ray and megatron keep their own settings. Every process calls
 `setup()`: the entry points (trainer, generation, eval) and each worker process (controller/host.py).
+The logger stops propagating: in a vLLM worker the root logger has a handler too, and every line came out
+twice (once as "INFO:hybridrl...:").
 """
 from __future__ import annotations
 
@@ -41,3 +43,4 @@ def setup() -> None:
         handler = _Stderr()
         handler.setFormatter(logging.Formatter(FORMAT))
         logger.addHandler(handler)
+    logger.propagate = False

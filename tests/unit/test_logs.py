@@ -33,6 +33,21 @@ def test_info_of_any_hybridrl_module_reaches_stderr_once(fresh_logger, capsys, m
     assert logging.getLogger("vllm").level == logging.NOTSET  # other libraries untouched
 
 
+def test_a_configured_root_logger_does_not_print_our_lines_again(fresh_logger, capsys, monkeypatch):
+    monkeypatch.delenv(logs.LEVEL_ENV, raising=False)
+    root = logging.getLogger()
+    echo = logging.StreamHandler(logs._Stderr().stream)  # what a library's basicConfig leaves in a vLLM worker
+    echo.setFormatter(logging.Formatter("ROOT:%(name)s:%(message)s"))
+    root.addHandler(echo)
+    try:
+        logs.setup()
+        logging.getLogger("hybridrl.hybrid.weight_sync").info("direct weight copy")
+    finally:
+        root.removeHandler(echo)
+    err = capsys.readouterr().err
+    assert err.count("direct weight copy") == 1 and "ROOT:" not in err
+
+
 def test_the_level_comes_from_the_environment(fresh_logger, capsys, monkeypatch):
     monkeypatch.setenv(logs.LEVEL_ENV, "warning")
     logs.setup()
