@@ -107,7 +107,7 @@ class WeightSync:
         metrics.update(self._stream(sent))
         self.engine.finish_weight_sync()
         if first:
-            metrics.update(self._prove_direct(metrics))
+            metrics.update(self._prove_direct())
         if self.options.check:
             metrics.update(self._check(sent, step))
         metrics["timing_s/reshard"] = time.perf_counter() - start
@@ -186,16 +186,17 @@ class WeightSync:
                 "reshard/buckets": float(buckets),
                 "reshard/tensors": float(tensors), "reshard/max_bucket_bytes": float(biggest)}
 
-    def _prove_direct(self, metrics: dict[str, float]) -> dict[str, float]:
+    def _prove_direct(self) -> dict[str, float]:
         """After the first (full, bucketed) sync: which weights may be copied directly from now on."""
         regions = self.actor.weight_regions() if self.options.direct else None
         if regions is None:
             return {}
         start = time.perf_counter()
         self._direct = prove(regions, self.engine.weight_views(regions), self._group_of)
-        covered = self._direct.bytes / max(metrics.get("reshard/bytes", 0.0), 1.0)
-        log.info("direct weight copy: %d of %d weights (%.0f%% of the bytes) proven against load_weights; "
-                 "the rest streams through the export", len(self._direct.names), len(self._all_names), 100 * covered)
+        # bytes are per rank: under tp each rank copies only its shard, so they are no share of the streamed bytes
+        log.info("direct weight copy: %d of %d weights proven against load_weights (%.2f GB per rank copied in "
+                 "place from now on); %d stream through the export", len(self._direct.names), len(self._all_names),
+                 self._direct.bytes / 1e9, len(self._all_names - self._direct.names))
         if not self._direct.pairs:
             self._direct = None
         return {"timing_s/direct_prove": time.perf_counter() - start}
