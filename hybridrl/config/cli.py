@@ -12,6 +12,7 @@ import sys
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+from ..utils import logs
 from .loader import ConfigError, load_config, to_yaml
 from .validate import RunConfig, validate
 
@@ -40,6 +41,7 @@ def load_run(argv: Sequence[str], default_config: str = "ppo_trainer") -> tuple[
     """Parse, compose and validate; on a config mistake print it and exit with status 2."""
     cl = parse_command_line(argv, default_config)
     try:
+        logs.setup()
         cfg = load_config(cl.overrides, cl.config_name, cl.config_path)
         if cl.cfg_mode:
             sys.stdout.write(to_yaml(cfg))

@@ -189,8 +189,8 @@ def run(cfg: EvalConfig) -> dict[str, Any]:
 
 def main(argv: Optional[list[str]] = None) -> int:
     cl = parse_command_line(sys.argv[1:] if argv is None else argv, default_config="evaluation")
-    logs.setup()
     try:
+        logs.setup()
         cfg = load_config(cl.overrides, cl.config_name, cl.config_path, schema=EvalConfig)
         if cl.cfg_mode:
             sys.stdout.write(to_yaml(cfg))

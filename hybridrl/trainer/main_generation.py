@@ -127,8 +127,8 @@ def _free_port() -> int:
 
 def main(argv: Optional[list[str]] = None) -> int:
     cl = parse_command_line(sys.argv[1:] if argv is None else argv, default_config="generation")
-    logs.setup()
     try:
+        logs.setup()
         cfg = load_config(cl.overrides, cl.config_name, cl.config_path, schema=GenerationConfig)
     except ConfigError as e:
         print(f"hybridrl: {e}", file=sys.stderr)

@@ -33,10 +33,13 @@ class _Stderr(logging.StreamHandler):
 
 
 def setup() -> None:
-    """Idempotent; raises ValueError naming HYBRIDRL_LOG_LEVEL when it holds no level name."""
+    """Idempotent; raises ConfigError naming HYBRIDRL_LOG_LEVEL when it holds no level name (the entry points
+    print it as they print config mistakes, exit status 2)."""
+    from hybridrl.config.loader import ConfigError
+
     level = os.environ.get(LEVEL_ENV, "INFO").strip().upper()
     if level not in LEVELS:
-        raise ValueError(f"{LEVEL_ENV}={os.environ[LEVEL_ENV]!r}: use one of {', '.join(LEVELS)}")
+        raise ConfigError(f"{LEVEL_ENV}={os.environ[LEVEL_ENV]!r}: use one of {', '.join(LEVELS)}")
     logger = logging.getLogger("hybridrl")
     logger.setLevel(level)
     if not any(isinstance(h, _Stderr) for h in logger.handlers):

@@ -62,3 +62,17 @@ def test_the_level_comes_from_the_environment(fresh_logger, capsys, monkeypatch)
 
 def test_ray_workers_inherit_the_level():
     assert forwarded_env({logs.LEVEL_ENV: "DEBUG", "HYBRIDRL_API_TOKEN": "x"}) == {logs.LEVEL_ENV: "DEBUG"}
+
+
+def test_every_entry_point_reports_a_bad_level_as_a_config_mistake(fresh_logger, capsys, monkeypatch):
+    """Exit status 2 and one line naming the variable, as for a bad override (it was a traceback)."""
+    from hybridrl.trainer import main_eval, main_generation, main_ppo
+
+    monkeypatch.setenv(logs.LEVEL_ENV, "chatty")
+    assert main_generation.main([]) == 2
+    assert main_eval.main([]) == 2
+    with pytest.raises(SystemExit) as stop:
+        main_ppo.main([])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("hybridrl: HYBRIDRL_LOG_LEVEL='chatty': use one of DEBUG") == 3 and "Traceback" not in err
