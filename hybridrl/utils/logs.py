@@ -35,7 +35,7 @@ class _Stderr(logging.StreamHandler):
 def setup() -> None:
     """Idempotent; raises ConfigError naming HYBRIDRL_LOG_LEVEL when it holds no level name (the entry points
     print it as they print config mistakes, exit status 2)."""
-    from hybridrl.config.loader import ConfigError
+    from hybridrl.config.loader import ConfigError  # here: config.cli imports this module
 
     level = os.environ.get(LEVEL_ENV, "INFO").strip().upper()
     if level not in LEVELS:
