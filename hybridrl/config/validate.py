@@ -201,10 +201,10 @@ def _check_transformer_overrides(key: str, m: MegatronConfig, p: _Problems) -> N
     overrides = m.override_transformer_config or {}
     if not overrides:
         return
-    from hybridrl.adapters.megatron.attention import BACKENDS
+    from hybridrl.adapters.megatron.attention import BACKENDS, backend_name
 
-    if "attention_backend" in overrides:
-        _choices(f"{key}.override_transformer_config.attention_backend", overrides["attention_backend"],
+    if "attention_backend" in overrides:  # backend_name: null means auto, as in the adapter
+        _choices(f"{key}.override_transformer_config.attention_backend", backend_name(overrides["attention_backend"]),
                  list(BACKENDS), p)
     try:
         from megatron.core.transformer.transformer_config import TransformerConfig

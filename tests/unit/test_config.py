@@ -167,6 +167,8 @@ def test_override_transformer_config_is_checked_before_any_worker_starts():
     ara = "actor_rollout_ref.actor.megatron.override_transformer_config"
     ok = validate(load_config(QUICKSTART + [f"+{ara}.attention_backend=local"]), cuda_available=CPU)
     assert ok.cfg.actor_rollout_ref.actor.megatron.override_transformer_config == {"attention_backend": "local"}
+    auto = validate(load_config(QUICKSTART + [f"+{ara}.attention_backend=null"]), cuda_available=CPU)  # as the adapter reads it
+    assert auto.cfg.actor_rollout_ref.actor.megatron.override_transformer_config == {"attention_backend": None}
     with pytest.raises(ConfigError) as e:
         validate(load_config(QUICKSTART + [f"+{ara}.attention_backend=flash3",
                                            "+critic.megatron.override_transformer_config.recompute_granularty=full"]),
