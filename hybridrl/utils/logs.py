@@ -21,8 +21,6 @@ FORMAT = "hybridrl %(levelname)s [%(name)s] %(message)s"
 class _Stderr(logging.StreamHandler):
     """Writes to whatever sys.stderr is at the time (Ray and pytest swap it after set-up)."""
 
-    hybridrl = True
-
     @property
     def stream(self):  # type: ignore[override]
         return sys.stderr
