@@ -84,9 +84,8 @@ def free(tensors: list[torch.Tensor], keep: list[object]) -> None:
     tensors.clear()
     keep.clear()
     gc.collect()
-    for empty in ("_host_emptyCache",):
-        if hasattr(torch._C, empty):
-            getattr(torch._C, empty)()
+    if hasattr(torch._C, "_host_emptyCache"):  # torch's pinned blocks back to the OS between ways
+        torch._C._host_emptyCache()
 
 
 def held_bytes(sizes: list[int], owners: list[object]) -> int:
