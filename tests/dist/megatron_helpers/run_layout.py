@@ -90,7 +90,9 @@ def check_parity(args, layout, name: str) -> dict:
 
 
 def check_export(role, path: str) -> list[str]:
-    """Names that differ from the HF file, plus any bucket still alive when the next one is gathered."""
+    """Names that differ from the HF file, plus any tensor of the last bucket that the export itself still
+    holds when it gathers the next one."""
+    import sys
     import weakref
 
     from safetensors.torch import load_file
@@ -103,26 +105,43 @@ def check_export(role, path: str) -> list[str]:
     seen, bad, previous = set(), [], []
     gather = weights._gather_on_owner
 
-    def gather_after_the_last_bucket_is_gone(*args, **kwargs):
-        alive = [(name, ref()) for name, ref in previous if ref() is not None]
-        # One storage may stay: the last collective's buffer, which torch.distributed's work object holds
-        # (a fused weight such as linear_fc1 leaves two views of it: gate_proj and up_proj).
-        if len({t.untyped_storage().data_ptr() for _, t in alive}) > 1:
-            bad.append(f"bucket alive during the next gather: {[name for name, _ in alive][:3]}")
-        del alive
+    def gather_after_the_export_let_go(*args, **kwargs):
+        # The export's own frames (from the role down to here) are what must let go. Whether the storage is
+        # freed at once is not checked: gloo's worker threads drop their last collectives' buffers when they
+        # get to it, which is what made a liveness check flaky.
+        held, frame = set(), sys._getframe(1)
+        while frame is not None and frame.f_code is not check_export.__code__:
+            held |= _tensors_in(frame.f_locals.values())
+            frame = frame.f_back
+        kept = [name for name, ref in previous if ref() is not None and id(ref()) in held]
+        if kept:
+            bad.append(f"export still holds the last bucket: {kept[:3]}")
         return gather(*args, **kwargs)
 
-    weights._gather_on_owner = gather_after_the_last_bucket_is_gone
+    weights._gather_on_owner = gather_after_the_export_let_go
     try:
         for bucket in role.export_weights(bucket_bytes=64 << 10):
             previous = [(name, weakref.ref(t)) for name, t in bucket]
             seen.update(name for name, _ in bucket)
             bad.extend(name for name, t in bucket if name not in want or not torch.equal(t.cpu(), want[name]))
-            del bucket  # what weight_sync does: the export must drop its own references too
+            del bucket  # what weight_sync does
     finally:
         weights._gather_on_owner = gather
     bad += [f"missing {n}" for n in sorted(set(want) - seen)]
     return bad
+
+
+def _tensors_in(values, depth: int = 3) -> set[int]:
+    """ids of the tensors in `values`, looking into lists, tuples and dicts `depth` levels down."""
+    out: set[int] = set()
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            out.add(id(v))
+        elif depth and isinstance(v, (list, tuple)):
+            out |= _tensors_in(v, depth - 1)
+        elif depth and isinstance(v, dict):
+            out |= _tensors_in(v.values(), depth - 1)
+    return out
 
 
 # ------------------------------------------------------------------------------------------ ppo
