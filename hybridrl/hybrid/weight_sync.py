@@ -194,9 +194,9 @@ class WeightSync:
         start = time.perf_counter()
         self._direct = prove(regions, self.engine.weight_views(regions), self._group_of)
         # bytes are per rank: under tp each rank copies only its shard, so they are no share of the streamed bytes
-        log.info("direct weight copy: %d of %d weights proven against load_weights (%.2f GB per rank copied in "
+        log.info("direct weight copy: %d of %d weights proven against load_weights (%.1f MiB per rank copied in "
                  "place from now on); %d stream through the export", len(self._direct.names), len(self._all_names),
-                 self._direct.bytes / 1e9, len(self._all_names - self._direct.names))
+                 self._direct.bytes / 2**20, len(self._all_names - self._direct.names))
         if not self._direct.pairs:
             self._direct = None
         return {"timing_s/direct_prove": time.perf_counter() - start}

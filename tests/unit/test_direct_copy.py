@@ -8,6 +8,7 @@ shard_regions, as the Megatron adapter builds them.
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import pytest
 import torch
@@ -81,13 +82,16 @@ def engine_equals(engine, hf) -> list[str]:
     return [n for n, t in hf.items() if not torch.equal(weights[n], t)]
 
 
-def test_after_the_proof_every_weight_is_copied_directly_and_equals_the_hf_tensors():
+def test_after_the_proof_every_weight_is_copied_directly_and_equals_the_hf_tensors(caplog):
     arch = arch_from_hf(CFG)
     actor = ShardActor(arch, random_hf(arch))
     engine = TorchRolloutEngine(CFG)
     sync = WeightSync(actor, engine, SyncOptions())
-    first = sync.push(0)
+    with caplog.at_level(logging.INFO, logger="hybridrl"):
+        first = sync.push(0)
     sync.release()
+    mib = sum(t.numel() * 4 for t in actor.hf().values()) / 2**20
+    assert f"({mib:.1f} MiB per rank copied in place" in caplog.text and mib >= 0.1  # a tiny model's size shows
     assert first["reshard/direct_bytes"] == 0 and len(actor.exported[0]) == len(actor.hf())  # proof sync: buckets
     assert engine_equals(engine, actor.hf()) == []
     for step in (1, 2):
