@@ -4,7 +4,7 @@ One torchrun launch per layout runs all of that layout's checks (run_layout.py):
   * parity: log-probs, entropy and raw logits vs transformers on the same weights (max abs diff
     < 1e-4) for tiny random Llama (llama3 rope scaling, untied), Qwen2 (qkv bias, tied), Qwen3
     (q/k norm) and Mistral (sliding window) models with GQA and a vocab (1001) not divisible by tp;
-    export_hf_weights gives back the HF tensors bitwise, and a bucket is gone when the next one is gathered;
+    export_hf_weights gives back the HF tensors bitwise, and lets go of a bucket before gathering the next;
   * PPO: two actor updates (2 optimizer steps each, KL loss + entropy bonus) and two critic updates
     give the same losses, metrics and grad norms as the 1-process run (relative diff < 1e-5), with
     the distributed optimizer on and off, other micro-batch sizes and dynamic batching;

@@ -11,12 +11,11 @@ from hybridrl.utils import logs
 
 
 @pytest.fixture
-def fresh_logger(monkeypatch):
+def fresh_logger():
+    """The "hybridrl" logger without our handler (conftest.py puts the old state back afterwards)."""
     logger = logging.getLogger("hybridrl")
-    saved = logger.handlers[:], logger.level
     logger.handlers = [h for h in logger.handlers if not isinstance(h, logs._Stderr)]
-    yield logger
-    logger.handlers, logger.level = saved[0], saved[1]
+    return logger
 
 
 def test_info_of_any_hybridrl_module_reaches_stderr_once(fresh_logger, capsys, monkeypatch):
