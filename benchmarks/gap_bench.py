@@ -1,6 +1,6 @@
 """Where the rollout-vs-actor log-prob gap comes from: each bf16 engine against a float32 reference.
 
-On one GPU, the real role worker (hybridrl.workers.ActorRolloutRefWorker: Megatron actor + colocated vLLM,
+On one GPU (CUDA graphs on, as users run vLLM), the real role worker (hybridrl.workers.ActorRolloutRefWorker: Megatron actor + colocated vLLM,
 weights synced by the 3D-HybridEngine) generates responses; then the same tokens are scored by
   vllm              the rollout engine's own token log-probs (what the gap metric compares)
   megatron_sdpa     the actor, bf16, core attention on torch SDPA (the default: adapters/megatron/attention.py)
@@ -50,7 +50,7 @@ def overrides(args: argparse.Namespace, model_dir: str) -> list[str]:
         f"data.train_batch_size={n}", f"actor_rollout_ref.actor.ppo_mini_batch_size={n}",
         f"data.max_prompt_length={args.prompt_len}", f"data.max_response_length={args.max_tokens}",
         "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.ignore_eos=true",
-        "actor_rollout_ref.rollout.enforce_eager=true", "actor_rollout_ref.rollout.gpu_memory_utilization=0.4",
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.4",
         "actor_rollout_ref.rollout.temperature=1.0", "trainer.device=cuda",
     ]
 

@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # GPU host runs, one mode per device call (each must end inside 10 minutes); logs and results go under $OUT.
-#   stage: bash /tmp/b/unpack.sh /tmp/site (the offline bundle, DEVELOPERS.md) + the gguf wheel + the SmolLM2 file
+# Every vLLM engine runs with CUDA graphs (vLLM's default) unless a run says eager.
+#   stage:  bash /tmp/b/unpack.sh /tmp/site (the offline bundle, DEVELOPERS.md) + the gguf wheel + the SmolLM2 file
 #   checks: tests/gpu (controller NCCL, megatron-core bf16, vLLM hybrid engine) + benchmarks/train_bench.py
-#   bench:  benchmarks/hybrid_bench.py (reshard, rollout vs standalone vLLM, plan vs measured)
-#   gap:    benchmarks/gap_bench.py on the random 1.5B model (each engine's log-probs vs a float32 reference)
-#   grpo:   GRPO on SmolLM2-135M-Instruct + gsm_symbolic for GRPO_TIME_S seconds, then grpo_report.py
+#   bench:  benchmarks/hybrid_bench.py (rollout alternated with standalone vLLM peers, the 0.5B gap table, the
+#           follow check, reshard, plan vs measured)
+#   gap:    benchmarks/gap_bench.py on the random 1.5B model and on SmolLM2-135M (each engine vs float32)
+#   grpo:   GRPO on SmolLM2-135M-Instruct + gsm_symbolic for GRPO_TIME_S seconds into $OUT/grpo_$GRPO_NAME
+#           (GRPO_ARGS: extra overrides), then grpo_report.py
+#   report: rollout_graphs_report.py over the runs above (graphs, warm, eager) -> results/rollout_graphs.json
 set -u
-MODE=${1:?usage: gpu_run.sh stage|checks|bench|gap|grpo}
+MODE=${1:?usage: gpu_run.sh stage|checks|bench|gap|grpo|report}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT/results"
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 HF_HUB_OFFLINE=1 \
@@ -33,20 +37,31 @@ case "$MODE" in
       --out "$OUT/results/train_bench.json"
     ;;
   bench)
-    step hybrid_bench 420 python3 benchmarks/hybrid_bench.py --eager --out-dir "$OUT/results"
+    step hybrid_bench 570 python3 benchmarks/hybrid_bench.py --out-dir "$OUT/results"
+    grep -E "^(rep |peer |gap |follow )" "$OUT/hybrid_bench.log"
     ;;
   gap)
     M=${MODEL:-/tmp/qwen2_1.5b}
-    [ -f "$M/config.json" ] || step model 300 python3 benchmarks/multi_gpu_bench.py model --dir "$M" --shape 1.5b
-    step gap_bench 420 python3 benchmarks/gap_bench.py --model-dir "$M" --out "$OUT/results/gap_bench.json"
+    [ -f "$M/config.json" ] || step model 200 python3 benchmarks/multi_gpu_bench.py model --dir "$M" --shape 1.5b
+    step gap_bench 280 python3 benchmarks/gap_bench.py --model-dir "$M" --out "$OUT/results/gap_bench.json"
     grep -E "_vs_" "$OUT/gap_bench.log"
+    S=$(python3 -c "from hybridrl.utils.hf_model import materialize_hf_dir as m; print(m('$SMOL', 'SmolLM2-135M-Instruct.Q4_1.gguf'))")
+    step gap_bench_smollm2 240 python3 benchmarks/gap_bench.py --model-dir "$S" --out "$OUT/results/gap_bench_smollm2.json"
+    grep -E "_vs_" "$OUT/gap_bench_smollm2.log"
     ;;
   grpo)
-    T=${GRPO_TIME_S:-420}
+    T=${GRPO_TIME_S:-420}; N=${GRPO_NAME:-graphs}
     CMD="python3 -m hybridrl.trainer.main_ppo --config-name grpo_smollm2_gsm8k actor_rollout_ref.model.path=$SMOL \
-trainer.default_local_dir=$OUT/grpo trainer.max_time_s=$T trainer.total_training_steps=1000 ${GRPO_ARGS:-}"
-    step grpo_smollm2 580 $CMD
-    python3 benchmarks/grpo_report.py --metrics "$OUT/grpo/logs/metrics.jsonl" --command "$CMD" \
-      --out "$OUT/results/grpo_smollm2.json" > "$OUT/grpo_report.log" 2>&1; tail -n 40 "$OUT/grpo_report.log"
+trainer.default_local_dir=$OUT/grpo_$N trainer.max_time_s=$T ${GRPO_ARGS:-}"
+    step grpo_$N 590 $CMD
+    grep -h "start-up" "$OUT/grpo_$N.log"
+    python3 benchmarks/grpo_report.py --metrics "$OUT/grpo_$N/logs/metrics.jsonl" --command "$CMD" \
+      --out "$OUT/results/grpo_$N.json" > "$OUT/grpo_report_$N.log" 2>&1; tail -n 40 "$OUT/grpo_report_$N.log"
+    ;;
+  report)
+    python3 benchmarks/rollout_graphs_report.py --bench "$OUT/results" --graphs "$OUT/grpo_graphs/logs/metrics.jsonl" \
+      --warm "$OUT/grpo_warm/logs/metrics.jsonl" --eager "$OUT/grpo_eager/logs/metrics.jsonl" \
+      --gap 1.5b_random="$OUT/results/gap_bench.json" --gap smollm2_135m="$OUT/results/gap_bench_smollm2.json" \
+      --out "$OUT/results/rollout_graphs.json"
     ;;
 esac

@@ -25,10 +25,10 @@ def main() -> None:
     val = [r for r in rows if "val/score" in r]
     train = [r for r in rows if "critic/score/mean" in r]
     num = lambda v: isinstance(v, (int, float))  # noqa: E731
-    metrics = {
-        "val_score_before": val[0]["val/score"], "val_score_after": val[-1]["val/score"],
-        "val_score_gain": val[-1]["val/score"] - val[0]["val/score"], "steps": len(train),
-    }
+    metrics = {"steps": len(train)}
+    if val:  # a timing run may validate never
+        metrics.update(val_score_before=val[0]["val/score"], val_score_after=val[-1]["val/score"],
+                       val_score_gain=val[-1]["val/score"] - val[0]["val/score"])
     for k in sorted({k for r in val for k in r if k.startswith("val-aux/")}):
         metrics[f"{k}_before"], metrics[f"{k}_after"] = val[0].get(k), val[-1].get(k)
     keys = sorted({k for r in train for k in r if k.startswith(("timing_s/", "perf/", "rollout_vs_actor/"))})

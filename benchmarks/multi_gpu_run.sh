@@ -24,7 +24,7 @@ STEPS=${STEPS:-5}
 if [ "${CPU:-0}" = 1 ]; then
   SHAPE=tiny; DEV="--cpu"; ROLLOUT="actor_rollout_ref.rollout.name=torch trainer.device=cpu"; RESP=16
 else
-  SHAPE=1.5b; DEV=""; ROLLOUT="actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.enforce_eager=true trainer.device=cuda"
+  SHAPE=1.5b; DEV=""; ROLLOUT="actor_rollout_ref.rollout.name=vllm trainer.device=cuda"
   RESP=256
 fi
 

@@ -46,7 +46,9 @@ def load_run(argv: Sequence[str], default_config: str = "ppo_trainer") -> tuple[
         if cl.cfg_mode:
             sys.stdout.write(to_yaml(cfg))
             sys.stdout.flush()
-        run = validate(cfg)
+            run = _validate_for_printing(cfg)
+        else:
+            run = validate(cfg)
     except ConfigError as e:
         print(f"hybridrl: {e}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -54,3 +56,24 @@ def load_run(argv: Sequence[str], default_config: str = "ppo_trainer") -> tuple[
         print("# derived:\n# " + run.summary().replace("\n", "\n# "), file=sys.stderr)
         raise SystemExit(0)
     return cl, run
+
+
+def _validate_for_printing(cfg) -> RunConfig:
+    """`--cfg job` on a machine without a GPU (a login node) checks a GPU job as the GPU host will: if the
+    config is wrong only for lack of a GPU here, the derived sizes are those of a GPU run (said on stderr);
+    a real run on this machine still stops at validate() with the GPU message."""
+    try:
+        return validate(cfg)
+    except ConfigError as here:
+        import torch
+
+        if torch.cuda.is_available():
+            raise
+        try:
+            run = validate(cfg, cuda_available=lambda: True)
+        except ConfigError:
+            raise here from None
+        problems = [line.strip(" -") for line in str(here).splitlines()[1:]] or [str(here)]
+        print(f"hybridrl: this machine has no GPU; the derived sizes below assume one (running here would stop with: "
+              f"{'; '.join(problems)})", file=sys.stderr)
+        return run

@@ -254,6 +254,12 @@ def _rollout(cfg: PPOConfig, device: str, world: int, p: _Problems) -> RolloutLa
     p.check(r.update_weights_bucket_megabytes >= 1, f"{key}.update_weights_bucket_megabytes must be >= 1")
     p.check(0 < r.sync_check.sample_fraction <= 1, f"{key}.sync_check.sample_fraction must be in (0, 1]")
     p.check(r.val_kwargs.n >= 1, f"{key}.val_kwargs.n={r.val_kwargs.n} must be >= 1")
+    sizes = r.cudagraph_capture_sizes
+    if sizes is not None:
+        p.check(bool(sizes) and all(isinstance(s, int) and s >= 1 for s in sizes),
+                f"{key}.cudagraph_capture_sizes={sizes} must be a non-empty list of batch sizes >= 1 (or null)")
+        p.check(not r.enforce_eager, f"{key}.cudagraph_capture_sizes is set but {key}.enforce_eager=true captures no "
+                                     "graphs; remove one of them")
     total = cfg.data.max_prompt_length + cfg.data.max_response_length
     p.check(r.max_model_len is None or r.max_model_len >= total,
             f"{key}.max_model_len={r.max_model_len} is below data.max_prompt_length + data.max_response_length = {total}")

@@ -124,6 +124,10 @@ class RolloutEngine(ABC):
     def memory(self) -> EngineMemory:
         return EngineMemory()
 
+    def startup_times(self) -> dict[str, float]:
+        """Seconds of named parts of this engine's start-up (hybridrl.trainer.startup); default: none."""
+        return {}
+
 
 def shaped_view(view: torch.Tensor, shape: torch.Size) -> Optional[torch.Tensor]:
     """`view` as `shape` without a copy (what `weight_views` returns), or None if that needs a copy."""

@@ -1,7 +1,7 @@
 """Build the rollout engine a worker colocates with its actor, by `RolloutLayout.engine`."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -10,12 +10,13 @@ from .base import RolloutEngine, eos_token_ids
 
 def build_engine(engine: str, model_dir: str, rollout_cfg: Any, *, tp_g: int, tokenizer: Any, hf_config: Any,
                  device: torch.device, max_model_len: int, trust_remote_code: bool = False,
-                 load_format: str = "dummy") -> RolloutEngine:
+                 load_format: str = "dummy", max_batch_rows: Optional[int] = None) -> RolloutEngine:
     """"torch": the built-in engine (CPU default; on GPU too for debugging); "vllm": vllm.LLM in this process.
 
     load_format "dummy": the engine starts on placeholder weights the actor replaces at every sync (the
     hybrid engine); "auto": vLLM reads model_dir's weights itself (standalone generation). The torch engine
-    is always filled through load_weights."""
+    is always filled through load_weights. max_batch_rows: the most sequences one generate call holds on this
+    replica (vLLM captures CUDA graphs up to that batch only)."""
     if engine == "torch":
         from .torch_engine import TorchRolloutEngine
 
@@ -30,5 +31,5 @@ def build_engine(engine: str, model_dir: str, rollout_cfg: Any, *, tp_g: int, to
         return VLLMRolloutEngine.from_config(model_dir, rollout_cfg, tp_g=tp_g, pad_token_id=pad,
                                              eos_token_ids=eos_token_ids(tokenizer, hf_config),
                                              max_model_len=max_model_len, trust_remote_code=trust_remote_code,
-                                             load_format=load_format)
+                                             load_format=load_format, max_batch_rows=max_batch_rows)
     raise ValueError(f"actor_rollout_ref.rollout.name={engine!r}: unknown engine; use torch or vllm")

@@ -9,11 +9,18 @@ replicas of tp_g, which is exactly the rollout layout of hybridrl.hybrid.plan (r
 The engine starts on dummy weights (the actor supplies the real ones at the first sync) with sleep
 mode on: `sleep(level=2)` drops weights and KV cache (we reload weights every step anyway, so there is
 nothing worth offloading to host memory), `wake_up(["weights"])` re-allocates before a sync and
-`wake_up(["kv_cache"])` before generation.
+`wake_up(["kv_cache"])` before generation. Captured CUDA graphs survive sleep: the sleep-mode allocator
+unmaps the memory but keeps its virtual addresses, and wake-up maps new memory at the same addresses.
+
+Start-up (what a user waits for, reported by `startup_times`): dummy-weight load, memory profiling,
+torch.compile (cached across runs under vLLM's cache root, which defaults to the model cache) and CUDA-graph
+capture for the sizes `capture_sizes` fits to the largest batch this engine will see.
 """
 from __future__ import annotations
 
+import logging
 import os
+import time
 from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence
 
 import torch
@@ -31,6 +38,51 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 # HF projections that vLLM fuses into one parameter, in the order it stacks them.
 PACKED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+# vLLM's default capture list: [1, 2, 4] + multiples of 8 below 256 + multiples of 16 up to
+# min(2 * max_num_seqs, 512) (vllm.config.CompilationConfig.max_cudagraph_capture_size).
+VLLM_CAPTURE_MAX = 512
+CAPTURE_GRID = [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, VLLM_CAPTURE_MAX + 1, 16))
+
+
+def capture_sizes(max_rows: Optional[int], max_num_seqs: int) -> Optional[list[int]]:
+    """vLLM's capture sizes cut at the largest decode batch this engine can run: a replica never holds more
+    sequences at once than one generate call's rows (or max_num_seqs), so larger graphs are captured for
+    nothing. The last size is the first grid size >= that batch. None (rows unknown): vLLM's own list."""
+    if not max_rows or max_rows < 1:
+        return None
+    cap = min(max_rows, max_num_seqs, VLLM_CAPTURE_MAX)
+    top = next(s for s in CAPTURE_GRID if s >= cap)
+    return [s for s in CAPTURE_GRID if s <= top]
+
+
+def default_cache_root() -> str:
+    """vLLM's cache root (torch.compile artifacts) beside hybridrl's model cache, unless VLLM_CACHE_ROOT is set:
+    vLLM keys each compiled graph by config, code and model path, so a second run of the same job on this
+    machine loads it instead of compiling."""
+    from hybridrl.utils.hf_model import model_cache_root
+
+    return os.environ.get("VLLM_CACHE_ROOT") or os.path.join(model_cache_root(), "vllm")
+
+
+class _StartupLog(logging.Handler):
+    """vLLM reports the parts of its start-up only as log records (format strings with float arguments);
+    this reads the numbers from the records of the one engine built in this process. vLLM logs them on each
+    node's first rank only, and not at all below INFO: a missing part is left out, never guessed."""
+
+    # message prefix -> (part, index of its seconds in the record's arguments); "torch.compile ..." comes in two
+    # wordings (with or without the first profiling run folded in)
+    MESSAGES = {"Model loading took": ("engine_load", 1), "torch.compile": ("engine_compile", 0),
+                "Graph capturing finished": ("engine_capture", 0)}
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.INFO)
+        self.seconds: dict[str, float] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        for prefix, (name, index) in self.MESSAGES.items():
+            if isinstance(record.msg, str) and record.msg.startswith(prefix) and len(record.args or ()) > index:
+                self.seconds[name] = self.seconds.get(name, 0.0) + float(record.args[index])
 
 
 @ROLLOUT_ENGINES.register("vllm")
@@ -53,6 +105,7 @@ class VLLMRolloutEngine(RolloutEngine):
         eos_token_ids: tuple[int, ...] = (),
         trust_remote_code: bool = False,
         load_format: str = "dummy",
+        cudagraph_capture_sizes: Optional[Sequence[int]] = None,
         engine_kwargs: Optional[dict[str, Any]] = None,
     ) -> None:
         if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
@@ -67,29 +120,44 @@ class VLLMRolloutEngine(RolloutEngine):
         # all-reduce maps tp ranks to CUDA_VISIBLE_DEVICES positions, which fails wherever a process does
         # not see its peers' GPUs (a Ray actor restricted to its own GPU, seen on 2 x H200).
         kwargs.setdefault("disable_custom_all_reduce", True)
+        if cudagraph_capture_sizes and not enforce_eager:
+            compilation = dict(kwargs.pop("compilation_config", None) or {})
+            if "max_cudagraph_capture_size" not in compilation:  # the user's own vLLM setting wins
+                compilation.setdefault("cudagraph_capture_sizes", sorted(set(cudagraph_capture_sizes)))
+            kwargs["compilation_config"] = compilation
+        # vLLM reads its environment once, when its first engine starts: the cache root must be set before
+        os.environ.setdefault("VLLM_CACHE_ROOT", default_cache_root())
+        self._startup = _StartupLog()
+        vllm_log = logging.getLogger("vllm")
+        vllm_log.addHandler(self._startup)
+        start = time.perf_counter()
         # Prompts arrive as token ids and responses leave as token ids: vLLM needs no tokenizer, and
         # without one it never detokenizes (EOS ids are passed as stop tokens explicitly instead).
-        self.llm = LLM(
-            model=model_dir,
-            skip_tokenizer_init=True,
-            trust_remote_code=trust_remote_code,
-            tensor_parallel_size=tp_size,
-            distributed_executor_backend="external_launcher",
-            dtype=dtype,
-            load_format=load_format,
-            enable_sleep_mode=True,
-            gpu_memory_utilization=gpu_memory_utilization,
-            max_model_len=max_model_len,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            enforce_eager=enforce_eager,
-            enable_chunked_prefill=enable_chunked_prefill,
-            enable_prefix_caching=enable_prefix_caching,
-            seed=seed,
-            logprobs_mode="processed_logprobs",
-            disable_log_stats=True,
-            **kwargs,
-        )
+        try:
+            self.llm = LLM(
+                model=model_dir,
+                skip_tokenizer_init=True,
+                trust_remote_code=trust_remote_code,
+                tensor_parallel_size=tp_size,
+                distributed_executor_backend="external_launcher",
+                dtype=dtype,
+                load_format=load_format,
+                enable_sleep_mode=True,
+                gpu_memory_utilization=gpu_memory_utilization,
+                max_model_len=max_model_len,
+                max_num_seqs=max_num_seqs,
+                max_num_batched_tokens=max_num_batched_tokens,
+                enforce_eager=enforce_eager,
+                enable_chunked_prefill=enable_chunked_prefill,
+                enable_prefix_caching=enable_prefix_caching,
+                seed=seed,
+                logprobs_mode="processed_logprobs",
+                disable_log_stats=True,
+                **kwargs,
+            )
+        finally:
+            vllm_log.removeHandler(self._startup)
+        self._init_seconds = time.perf_counter() - start
         self._asleep = False
         self.weight_dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
         self.checksum_rtol = 1e-6  # vLLM sums fused and sharded tensors in another order than the sender
@@ -104,8 +172,10 @@ class VLLMRolloutEngine(RolloutEngine):
     @classmethod
     def from_config(cls, model_dir: str, rollout_cfg: Any, *, tp_g: int, pad_token_id: int,
                     eos_token_ids: tuple[int, ...], max_model_len: int,
-                    trust_remote_code: bool = False, load_format: str = "dummy") -> "VLLMRolloutEngine":
-        """From actor_rollout_ref.rollout (its engine_kwargs.vllm pass through to vllm.LLM)."""
+                    trust_remote_code: bool = False, load_format: str = "dummy",
+                    max_batch_rows: Optional[int] = None) -> "VLLMRolloutEngine":
+        """From actor_rollout_ref.rollout (its engine_kwargs.vllm pass through to vllm.LLM). max_batch_rows: the
+        most sequences one generate call can hold (fits the CUDA-graph capture sizes; None: vLLM's list)."""
         r = rollout_cfg
         return cls(
             model_dir, tp_size=tp_g, dtype=r.dtype, gpu_memory_utilization=r.gpu_memory_utilization,
@@ -114,8 +184,18 @@ class VLLMRolloutEngine(RolloutEngine):
             enable_chunked_prefill=r.enable_chunked_prefill, enable_prefix_caching=r.enable_prefix_caching,
             seed=r.seed, pad_token_id=pad_token_id, eos_token_ids=eos_token_ids, trust_remote_code=trust_remote_code,
             load_format=load_format,
+            cudagraph_capture_sizes=r.cudagraph_capture_sizes or capture_sizes(max_batch_rows, r.max_num_seqs),
             engine_kwargs=dict((r.engine_kwargs or {}).get("vllm", {}) or {}),
         )
+
+    def startup_times(self) -> dict[str, float]:
+        """Seconds of this engine's start-up: engine_init (the whole vllm.LLM construction) and its parts
+        engine_load (dummy weights), engine_compile (torch.compile: loading it on a cache hit), engine_capture
+        (CUDA graphs) where vLLM reported them, and engine_other, the rest (model construction, memory
+        profiling, KV-cache allocation, warm-up)."""
+        out = {"engine_init": self._init_seconds, **self._startup.seconds}
+        out["engine_other"] = max(0.0, self._init_seconds - sum(v for k, v in out.items() if k != "engine_init"))
+        return out
 
     # ------------------------------------------------------------------ generation
     def generate(self, prompts: DataProto, sampling: SamplingParams) -> DataProto:

@@ -22,6 +22,7 @@ from hybridrl.protocol import DataProto
 from .checkpoint_manager import CheckpointManager, TrainerState, find_resume_path, load_trainer_state, restore_rng_state
 from .metrics import compute_mfu, peak_flops_for
 from .progress import ProgressBar
+from .startup import StartupClock
 from .tracking import Tracker
 
 
@@ -45,6 +46,7 @@ class Components:
     hf_config: dict
     is_rank0: bool
     backend: str
+    startup: StartupClock
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -55,10 +57,12 @@ class Components:
         from hybridrl.utils.hf_model import materialize_hf_dir
         from hybridrl.workers.common import load_tokenizer_for
 
+        clock = StartupClock()
         cfg, t = run.cfg, run.cfg.trainer
         model = cfg.actor_rollout_ref.model
         model_dir = materialize_hf_dir(model.path, model.gguf_file)
         check_model_fits_layout(run, model_dir)
+        clock.lap("model")
         tokenizer = load_tokenizer_for(model_dir, run)
         train = create_rl_dataset(cfg.data.train_files, cfg.data, tokenizer, is_train=True)
         val = create_rl_dataset(cfg.data.val_files, cfg.data, tokenizer, is_train=False)
@@ -69,7 +73,8 @@ class Components:
                                 reward_fn_key=cfg.data.reward_fn_key)
         val_reward = load_reward_fn(cfg.custom_reward_function, cfg.reward_model.reward_manager, tokenizer,
                                     reward_fn_key=cfg.data.reward_fn_key, num_examine=t.log_val_generations)
-        actor, critic, rank0 = _spawn_groups(run, model_dir, total)
+        clock.lap("data")
+        actor, critic, rank0 = _spawn_groups(run, model_dir, total, max_rollout_rows(run, len(val)), clock)
         print(_startup_report(run, model_dir, len(train), len(val), train, total), flush=True)
         loggers = list(t.logger) + (["jsonl"] if t.plot and "jsonl" not in t.logger else [])
         tracker = Tracker(loggers if rank0 else [], t.project_name, t.experiment_name, to_dict(cfg),
@@ -84,6 +89,7 @@ class Components:
             adv_params=AdvantageParams(gamma=cfg.algorithm.gamma, lam=cfg.algorithm.lam,
                                        norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo),
             total_steps=total, hf_config=actor.model_info()["hf_config"], is_rank0=rank0, backend=t.backend,
+            startup=clock,
         )
 
     # ------------------------------------------------------------------ data
@@ -218,13 +224,25 @@ def check_model_fits_layout(run: RunConfig, model_dir: str) -> None:
         raise ConfigError("the model does not fit the parallel layout:\n  - " + "\n  - ".join(p.message for p in problems))
 
 
-def _spawn_groups(run: RunConfig, model_dir: str, total_steps: int) -> tuple[Any, Optional[Any], bool]:
+def max_rollout_rows(run: RunConfig, n_val: int) -> int:
+    """The most sequences one generate call gives a rollout replica: a training batch's samples or a validation
+    batch's (n_val prompts, in batches of data.val_batch_size; ReMax's greedy baselines are fewer), split over
+    the dp_g replicas."""
+    data, d = run.cfg.data, run.derived
+    val_batch = min(data.val_batch_size or n_val, n_val)
+    train_rows = -(-data.train_batch_size // d.rollout.dp) * d.rollout.n
+    val_rows = -(-val_batch // d.rollout.dp) * run.cfg.actor_rollout_ref.rollout.val_kwargs.n
+    return max(train_rows, val_rows)
+
+
+def _spawn_groups(run: RunConfig, model_dir: str, total_steps: int, rollout_rows: int,
+                  clock: StartupClock) -> tuple[Any, Optional[Any], bool]:
     from hybridrl.controller import RoleSpec, init_ray, spawn_colocated
     from hybridrl.utils.hf_model import materialize_hf_dir
     from hybridrl.workers import ActorRolloutRefWorker, CriticWorker
 
     cfg, d, t = run.cfg, run.derived, run.cfg.trainer
-    roles = {"actor_rollout_ref": RoleSpec(ActorRolloutRefWorker, (run, model_dir, total_steps))}
+    roles = {"actor_rollout_ref": RoleSpec(ActorRolloutRefWorker, (run, model_dir, total_steps, rollout_rows))}
     if d.use_critic:
         critic_dir = materialize_hf_dir(cfg.critic.model.path, cfg.critic.model.gguf_file)
         roles["critic"] = RoleSpec(CriticWorker, (run, critic_dir, total_steps))
@@ -235,6 +253,7 @@ def _spawn_groups(run: RunConfig, model_dir: str, total_steps: int) -> tuple[Any
         ray_init = dict(cfg.ray_kwargs.ray_init)
         num_cpus = ray_init.pop("num_cpus", None) or max(os.cpu_count() or 1, d.world_size)
         init_ray(num_cpus=num_cpus, **{k: v for k, v in ray_init.items() if v is not None})
+        clock.lap("ray_init")
         pool = ResourcePool([t.n_gpus_per_node] * t.nnodes, use_gpu=use_gpu,
                             num_cpus_per_process=1.0 if use_gpu else min(1.0, num_cpus / d.world_size))
         groups = spawn_colocated(pool, roles, backend="ray", call_timeout_s=t.worker_timeout_s,
@@ -245,10 +264,12 @@ def _spawn_groups(run: RunConfig, model_dir: str, total_steps: int) -> tuple[Any
                                  dist_timeout_s=t.dist_timeout_s, use_gpu=use_gpu)
         rank0 = int(os.environ.get("RANK", "0")) == 0
     actor = groups["actor_rollout_ref"]
-    actor.init_model()
+    clock.lap("workers")
+    clock.add_worker(actor.init_model()[0].get("startup", {}))
     critic = groups.get("critic")
     if critic is not None:
         critic.init_model()
+        clock.lap("critic_build")
     return actor, critic, rank0
 
 

@@ -74,7 +74,8 @@ def build_engine(cfg: GenerationConfig, model_dir: str, tokenizer: Any, device: 
     engine = build(engine_name, model_dir, cfg.rollout, tp_g=cfg.rollout.tensor_model_parallel_size,
                    tokenizer=tokenizer, hf_config=hf_config, device=torch.device(device),
                    max_model_len=cfg.rollout.prompt_length + cfg.rollout.response_length,
-                   trust_remote_code=cfg.model.trust_remote_code, load_format="auto")
+                   trust_remote_code=cfg.model.trust_remote_code, load_format="auto",
+                   max_batch_rows=cfg.data.batch_size * cfg.data.n_samples)
     if engine_name == "torch":
         from hybridrl.utils.hf_model import iter_hf_weights
 

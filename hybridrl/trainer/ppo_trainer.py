@@ -7,13 +7,13 @@ One step:  prompts -> rollout (hybrid engine: sync weights, generate, sleep) -> 
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 from hybridrl.config import RunConfig
 from hybridrl.hybrid.checks import logprob_gap
 from hybridrl.protocol import DataProto
 from hybridrl.utils import logs
+from hybridrl.utils.timing import timed
 
 from . import batch_ops as ops
 from .components import Components
@@ -25,13 +25,6 @@ CRITIC_HEALTH = ("critic/vf_loss", "critic/grad_norm")
 
 class NonFiniteError(RuntimeError):
     """A loss or gradient norm went NaN/Inf (trainer.on_nonfinite=error): the step is not checkpointed."""
-
-
-@contextmanager
-def timed(timing: dict[str, float], name: str) -> Iterator[None]:
-    start = time.perf_counter()
-    yield
-    timing[name] = timing.get(name, 0.0) + time.perf_counter() - start
 
 
 class PPOTrainer:
@@ -46,16 +39,23 @@ class PPOTrainer:
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict[str, float]:
         self.global_step = self.p.resume()
+        if self.global_step:
+            self.p.startup.lap("resume")
         t = self.cfg.trainer
         if t.val_before_train or t.val_only:
             self.first_val = self.last_val = self.validate()
             self.p.tracker.log(self.last_val, self.global_step)
+            self.p.startup.lap("val_before_train")
         if t.val_only:
             return self.last_val
+        startup = self.p.startup.done()  # what the user waited for, logged with the first step
+        if self.p.is_rank0:
+            print(self.p.startup.summary(), flush=True)
         start = time.perf_counter()
         for prompts in self.p.batches(self.global_step):
             self.global_step += 1
-            metrics = self.train_step(prompts, self.global_step)
+            metrics = {**self.train_step(prompts, self.global_step), **startup}
+            startup = {}
             out_of_time = t.max_time_s is not None and time.perf_counter() - start > t.max_time_s
             last = self.global_step == self.p.total_steps or out_of_time
             if t.test_freq > 0 and (self.global_step % t.test_freq == 0 or last):

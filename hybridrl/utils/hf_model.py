@@ -16,7 +16,8 @@ from typing import Optional
 HF_CACHE_ENV = "HYBRIDRL_MODEL_CACHE"
 
 
-def _default_cache() -> str:
+def model_cache_root() -> str:
+    """Where derived model files live ($HYBRIDRL_MODEL_CACHE, default ~/.cache/hybridrl/models)."""
     return os.environ.get(HF_CACHE_ENV, os.path.join(os.path.expanduser("~"), ".cache", "hybridrl", "models"))
 
 
@@ -49,7 +50,7 @@ def materialize_hf_dir(path: str, gguf_file: Optional[str] = None, cache_dir: Op
         return path
     st = os.stat(gguf)
     key = hashlib.sha1(f"{gguf}:{st.st_size}:{int(st.st_mtime)}".encode()).hexdigest()[:16]
-    out = os.path.join(cache_dir or _default_cache(), f"{os.path.basename(gguf)[:-5]}-{key}")
+    out = os.path.join(cache_dir or model_cache_root(), f"{os.path.basename(gguf)[:-5]}-{key}")
     if os.path.isfile(os.path.join(out, ".complete")):
         return out
     _dequantize(gguf, out)

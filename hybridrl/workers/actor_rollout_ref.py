@@ -16,6 +16,7 @@ from hybridrl.controller import Dispatch, Worker, register, register_mesh_dispat
 from hybridrl.protocol import DataProto
 from hybridrl.utils.device import device_memory_used, train_peak_memory
 from hybridrl.utils.imports import load_object
+from hybridrl.utils.timing import timed
 
 from .common import load_tokenizer_for, setup_process
 
@@ -41,10 +42,14 @@ def _actor_class(run: RunConfig) -> type:
 
 
 class ActorRolloutRefWorker(Worker):
-    def __init__(self, run: RunConfig, model_dir: str, total_training_steps: int) -> None:
+    def __init__(self, run: RunConfig, model_dir: str, total_training_steps: int,
+                 max_rollout_rows: Optional[int] = None) -> None:
+        """max_rollout_rows: the most sequences one generate call gives a replica (training or validation);
+        the engine fits its CUDA graphs to it (None: the engine's own default)."""
         self.run = run
         self.model_dir = model_dir
         self.total_training_steps = total_training_steps
+        self.max_rollout_rows = max_rollout_rows
         self.actor: Any = None
         self.ref: Any = None
         self.engine: Any = None
@@ -56,6 +61,9 @@ class ActorRolloutRefWorker(Worker):
     # ------------------------------------------------------------------ setup
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self) -> dict[str, Any]:
+        """Build actor, reference and engine, then run the first weight sync (it streams and proves the
+        direct copy) so that start-up, not step 1, carries it. Returns the memory phases and the seconds of
+        each part (hybridrl.trainer.startup)."""
         from hybridrl.adapters.megatron import MegatronActor
         from hybridrl.hybrid.plan import ReshardPlan
         from hybridrl.hybrid.weight_sync import SyncOptions, WeightSync
@@ -66,10 +74,13 @@ class ActorRolloutRefWorker(Worker):
         device = setup_process(self, run)
         model = dataclasses.replace(ara.model, path=self.model_dir)
         start = time.perf_counter()
-        self.actor = _actor_class(run)(model, ara.actor, d.actor, d.actor_batch,
-                                       total_training_steps=self.total_training_steps)
+        times: dict[str, float] = {}
+        with timed(times, "actor_build"):
+            self.actor = _actor_class(run)(model, ara.actor, d.actor, d.actor_batch,
+                                           total_training_steps=self.total_training_steps)
         if d.use_reference:
-            self.ref = MegatronActor.reference(model, ara.ref, d.actor, d.ref_forward_micro_batch_per_gpu)
+            with timed(times, "ref_build"):
+                self.ref = MegatronActor.reference(model, ara.ref, d.actor, d.ref_forward_micro_batch_per_gpu)
         tokenizer = load_tokenizer_for(self.model_dir, run)
         hf_config = self.actor.hf_config
         self.plan = ReshardPlan.from_layouts(d.actor, d.rollout, hf_config)
@@ -77,11 +88,14 @@ class ActorRolloutRefWorker(Worker):
         # The engine measures free memory when it starts: give it the memory training state holds.
         self.actor.offload(params=True, grads=True, optimizer=True)
         before = device_memory_used()
-        self.engine = build_engine(
-            d.rollout.engine, self.model_dir, ara.rollout, tp_g=d.rollout.tp, tokenizer=tokenizer,
-            hf_config=hf_config, device=device, trust_remote_code=ara.model.trust_remote_code,
-            max_model_len=run.cfg.data.max_prompt_length + run.cfg.data.max_response_length,
-        )
+        with timed(times, "engine_init"):
+            self.engine = build_engine(
+                d.rollout.engine, self.model_dir, ara.rollout, tp_g=d.rollout.tp, tokenizer=tokenizer,
+                hf_config=hf_config, device=device, trust_remote_code=ara.model.trust_remote_code,
+                max_model_len=run.cfg.data.max_prompt_length + run.cfg.data.max_response_length,
+                max_batch_rows=self.max_rollout_rows,
+            )
+        times.update(self.engine.startup_times())
         awake = device_memory_used()
         self.engine.sleep()
         asleep = device_memory_used()
@@ -89,8 +103,10 @@ class ActorRolloutRefWorker(Worker):
         self.actor.onload(params=True, grads=True, optimizer=True)
         self.sync = WeightSync(self.actor, self.engine, SyncOptions.from_config(ara.rollout, ara.actor.megatron),
                                self.plan)
+        with timed(times, "first_sync"), self.sync.rollout_phase(0):
+            pass
         return {"rank": self.rank, "seconds": time.perf_counter() - start, "plan": self.plan.describe(),
-                **self.engine_memory}
+                "startup": times, **self.engine_memory}
 
     def _declare_meshes(self) -> None:
         info = self.actor.dispatch_info()

@@ -21,8 +21,9 @@ def result(tmp_path_factory):
     hb.SHAPE.update(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
                     num_key_value_heads=2, vocab_size=32000)
     model_dir = hb.make_model(str(tmp_path_factory.mktemp("qwen2_small")))
-    args = argparse.Namespace(prompts=32, prompt_len=32, max_tokens=32, syncs=3, gpu_util=0.3, eager=True,
-                              cpu_dry_run=False)
+    # CUDA graphs on (vLLM's default): the follow check below must hold through sleep/wake and the direct copy
+    args = argparse.Namespace(prompts=32, prompt_len=32, max_tokens=32, syncs=3, gpu_util=0.3, eager=False,
+                              cpu_dry_run=False, reps=1, peers="")
     return hb.hybrid_run(args, model_dir)
 
 
@@ -66,3 +67,12 @@ def test_the_engine_follows_changed_actor_weights(result):
     # every actor parameter += 0.01 before each of 2 direct syncs; the engine's own parameters (summed by
     # vLLM-side code, not through our views) then equal a fresh export of the actor
     assert result["fresh_mismatches"] == [], result["fresh_mismatches"][:5]
+
+
+@pytest.mark.timeout(600)
+def test_generation_follows_changed_actor_weights_with_cuda_graphs(result):
+    # samples generated after the change: vLLM's log-probs agree with the changed actor (the bf16 floor) and
+    # are far from the unchanged one, so the captured graphs run on the new weights
+    assert result["engine_info"]["capture_sizes"], "no CUDA graphs were captured"
+    assert result["follow_gap"] < 0.02, result["follow_gap"]
+    assert result["stale_gap"] > 5 * result["follow_gap"], (result["follow_gap"], result["stale_gap"])

@@ -41,6 +41,37 @@ def test_quickstart_resolves_with_cfg_job():
     assert "grad accumulation 16" in out.stderr
 
 
+def test_cfg_job_of_a_gpu_job_on_a_machine_without_gpu_prints_and_exits_0():
+    """A login node has no GPU: --cfg job resolves a vllm job as the GPU host would and says so; a real run
+    of the same command line still stops at validation with the GPU message."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("checks the behaviour on a machine without a GPU")
+    cmd = [sys.executable, "-m", "hybridrl.trainer.main_ppo", *QUICKSTART, "actor_rollout_ref.rollout.name=vllm"]
+    out = subprocess.run(cmd[:3] + ["--cfg", "job"] + cmd[3:], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "this machine has no GPU" in out.stderr and "rollout.name=vllm needs a GPU" in out.stderr
+    assert "device=cuda" in out.stderr and "rollout: vllm" in out.stderr  # derived as on the GPU host
+    real = subprocess.run(cmd + ["data.train_files=/nonexistent.parquet"], capture_output=True, text=True, timeout=120)
+    assert real.returncode == 2 and "rollout.name=vllm needs a GPU" in real.stderr, real.stderr
+    # a mistake that is not about the GPU still fails --cfg job
+    bad = subprocess.run(cmd[:3] + ["--cfg", "job"] + cmd[3:] + ["actor_rollout_ref.rollout.n=0"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "rollout.n=0 must be >= 1" in bad.stderr
+
+
+def test_cudagraph_capture_sizes_validated():
+    ok = validate(load_config(QUICKSTART + ["actor_rollout_ref.rollout.cudagraph_capture_sizes=[1,8,64]"]),
+                  cuda_available=CPU)
+    assert ok.cfg.actor_rollout_ref.rollout.cudagraph_capture_sizes == [1, 8, 64]
+    for extra, message in ((["actor_rollout_ref.rollout.cudagraph_capture_sizes=[0,8]"], "non-empty list of batch sizes"),
+                           (["actor_rollout_ref.rollout.cudagraph_capture_sizes=[8]",
+                             "actor_rollout_ref.rollout.enforce_eager=true"], "captures no graphs")):
+        with pytest.raises(ConfigError, match=message):
+            validate(load_config(QUICKSTART + extra), cuda_available=CPU)
+
+
 def test_quickstart_derived_sizes():
     run = validate(load_config(QUICKSTART), cuda_available=CPU)
     d = run.derived

@@ -48,7 +48,7 @@ class GenRolloutConfig(RolloutConfig):
     prompt_length: int = 1536
     response_length: int = 512
     tensor_model_parallel_size: int = 1
-    enforce_eager: bool = True
+    enforce_eager: bool = False  # verl's generation default is true; CUDA graphs are what makes decode fast
     log_prob_micro_batch_size_per_gpu: Optional[int] = 8
     log_prob_use_dynamic_bsz: bool = False
     log_prob_max_token_len_per_gpu: int = 16384

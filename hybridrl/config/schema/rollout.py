@@ -38,7 +38,11 @@ class RolloutConfig:
     dtype: str = "bfloat16"
     gpu_memory_utilization: float = doc("Fraction of GPU memory vLLM may take for weights + KV cache.", 0.5)
     ignore_eos: bool = False
-    enforce_eager: bool = False
+    enforce_eager: bool = doc("vLLM without CUDA graphs or torch.compile (faster start, slower decode); false is "
+                              "vLLM's default and what benchmarks measure.", False)
+    cudagraph_capture_sizes: Optional[list[int]] = doc(
+        "Batch sizes vLLM captures CUDA graphs for; null: vLLM's sizes up to the largest batch a replica generates "
+        "(train_batch_size x n or a validation batch, per replica), not its default list up to 512.", None)
     free_cache_engine: bool = doc("Sleep the engine (free weights + KV cache) after each generation.", True)
     tensor_model_parallel_size: int = doc("tp_g: GPUs per rollout replica.", 2)
     data_parallel_size: int = 1
