@@ -7,7 +7,11 @@
   --warm FILE       metrics.jsonl of a second graphs run on the same machine (start-up with warm caches)
   --eager FILE      metrics.jsonl of the same job with enforce_eager=true
 
-Per-step timings are medians over steps 2..N (step 1 carries warm-ups). gap_over_bf16_floor of a model is
+Per-step timings are medians over steps 2..K, K the step count of the shortest of the three runs, so every run
+is compared on the same steps (same data, seeds and response lengths; step 1 carries warm-ups).
+gen_speedup_graphs_vs_eager compares the warm graphs run with the eager run (both after the machine's first
+compile); the first graphs run's own ratio is reported beside it (its early steps also JIT-compile kernels for
+shapes met for the first time). gap_over_bf16_floor of a model is
 actor-vs-vLLM / transformers-bf16-vs-vLLM on the same tokens: 1.0 means the actor is as close to vLLM as an
 independent bf16 implementation loading the weights from disk.
 """
@@ -26,9 +30,10 @@ def steps(path: str) -> tuple[list[dict], list[dict]]:
     return [r for r in rows if "timing_s/step" in r], [r for r in rows if "val/score" in r]
 
 
-def median_after_first(train: list[dict], key: str) -> float:
-    values = [r[key] for r in train[1:] if isinstance(r.get(key), (int, float))] or \
-             [r[key] for r in train if isinstance(r.get(key), (int, float))]
+def median_after_first(train: list[dict], key: str, last: int | None = None) -> float:
+    """Median of `key` over steps 2..last (all steps if there is only one)."""
+    rows = train[1:last] if len(train) > 1 else train
+    values = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
     return statistics.median(values) if values else float("nan")
 
 
@@ -37,9 +42,9 @@ def startup(train: list[dict]) -> dict:
     return {k: v for k, v in first.items() if k.startswith("timing_s/startup")}
 
 
-def run_summary(path: str) -> dict:
+def run_summary(path: str, last: int | None = None) -> dict:
     train, val = steps(path)
-    out = {"steps": len(train), **{f"{k}_median": median_after_first(train, k)
+    out = {"steps": len(train), **{f"{k}_median": median_after_first(train, k, last)
                                    for k in ("timing_s/gen", "timing_s/step", "timing_s/generate", "timing_s/reshard",
                                              "timing_s/update_actor", "timing_s/old_log_prob", "timing_s/ref",
                                              "perf/throughput", "rollout_vs_actor/logprob_abs_diff_mean")},
@@ -75,8 +80,10 @@ def main() -> None:
     for item in args.gap:
         name, path = item.split("=", 1)
         gaps[name] = gap_row(json.load(open(path))["metrics"])
-    graphs, eager = run_summary(args.graphs), run_summary(args.eager)
-    warm = run_summary(args.warm) if args.warm else {}
+    runs = {"graphs": args.graphs, "eager": args.eager, **({"warm": args.warm} if args.warm else {})}
+    last = min(len(steps(path)[0]) for path in runs.values())
+    common = {name: run_summary(path, last) for name, path in runs.items()}  # steps 2..last of every run
+    graphs, eager, warm = run_summary(args.graphs), common["eager"], common.get("warm", common["graphs"])
     r = rollout["metrics"]
     metrics = {
         "rollout_tokens_per_s_vs_standalone": r["rollout_tokens_per_s_vs_standalone"],
@@ -84,9 +91,15 @@ def main() -> None:
         "rollout_tokens_per_s_vs_standalone_max": r["rollout_tokens_per_s_vs_standalone_max"],
         "rollout_tokens_per_s_vs_standalone_sleep_mode": r.get("rollout_tokens_per_s_vs_standalone_sleep_mode"),
         "rollout_reps": r["reps"],
-        "gen_speedup_graphs_vs_eager": eager["timing_s/gen_median"] / graphs["timing_s/gen_median"],
-        "timing_s/gen_graphs": graphs["timing_s/gen_median"], "timing_s/gen_eager": eager["timing_s/gen_median"],
-        "timing_s/step_graphs": graphs["timing_s/step_median"], "timing_s/step_eager": eager["timing_s/step_median"],
+        "compared_steps": f"2..{last}",
+        "gen_speedup_graphs_vs_eager": eager["timing_s/gen_median"] / warm["timing_s/gen_median"],
+        "gen_speedup_graphs_first_run_vs_eager": eager["timing_s/gen_median"] / common["graphs"]["timing_s/gen_median"],
+        "timing_s/gen_graphs": warm["timing_s/gen_median"], "timing_s/gen_eager": eager["timing_s/gen_median"],
+        "timing_s/gen_graphs_first_run": common["graphs"]["timing_s/gen_median"],
+        "timing_s/gen_graphs_first_run_all_steps": graphs["timing_s/gen_median"],
+        "timing_s/step_graphs": warm["timing_s/step_median"], "timing_s/step_eager": eager["timing_s/step_median"],
+        "timing_s/step_graphs_first_run": common["graphs"]["timing_s/step_median"],
+        "timing_s/step_graphs_first_run_all_steps": graphs["timing_s/step_median"],
         "timing_s/startup_first_run": graphs["startup"].get("timing_s/startup"),
         "timing_s/startup_second_run": warm.get("startup", {}).get("timing_s/startup"),
         "timing_s/startup_eager": eager["startup"].get("timing_s/startup"),
@@ -96,7 +109,7 @@ def main() -> None:
         **{f"gap_over_bf16_floor_{name}": g["gap_over_bf16_floor"] for name, g in gaps.items()},
     }
     record = {"command": args.command, "device": rollout["device"], "date": datetime.date.today().isoformat(),
-              "metrics": metrics, "gap_table": gaps, "runs": {"graphs": graphs, "warm": warm, "eager": eager},
+              "metrics": metrics, "gap_table": gaps, "runs": {"graphs_all_steps": graphs, **common},
               "rollout_per_rep": rollout.get("per_rep"), "engines": {"hybrid": rollout.get("hybrid_engine"),
                                                                     "peers": rollout.get("peers")}}
     with open(args.out, "w") as f:
