@@ -101,7 +101,10 @@ def test_composition_hand():
 
 def test_from_config_and_bypass_switch():
     from hybridrl.config import load_config
+    from hybridrl.config.schema import ActorConfig
 
+    # an ActorConfig built by hand (tests, benchmarks) has rollout correction off, not unresolved links
+    assert ActorObjective.from_config(ActorConfig()).loss_mode == "vanilla"
     actor = load_config(["actor_rollout_ref.actor.policy_loss.loss_mode=cispo", "actor_rollout_ref.actor.tau_pos=2",
                          "actor_rollout_ref.actor.clip_ratio_high=0.28"]).actor_rollout_ref.actor
     obj = ActorObjective.from_config(actor)

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from .algorithm import RolloutCorrectionConfig
-from .common import CheckpointConfig, CustomClsConfig, Link, MegatronConfig, OptimConfig, doc, follow_actor_layout, link
+from .common import CheckpointConfig, CustomClsConfig, MegatronConfig, OptimConfig, doc, follow_actor_layout, link
 
 
 @dataclass(frozen=True)
@@ -22,12 +22,6 @@ class ModelConfig:
     gguf_file: Optional[str] = doc("GGUF file inside `path` to load (dequantized to float).", None)
 
 
-def _follow_algorithm_rollout_correction() -> RolloutCorrectionConfig:
-    """verl hands the algorithm's block to the loss (policy_loss.rollout_correction): set it there."""
-    return RolloutCorrectionConfig(**{k: Link(f"algorithm.rollout_correction.{k}")
-                                      for k in RolloutCorrectionConfig.__dataclass_fields__})
-
-
 @dataclass(frozen=True)
 class PolicyLossConfig:
     loss_mode: str = doc("A registered policy loss (docs/algorithms.md lists them): vanilla, gspo, cispo, ...",
@@ -38,8 +32,9 @@ class PolicyLossConfig:
     kl_cov_ratio: float = doc("kl_cov: fraction of tokens that get the KL penalty.", 0.0002)
     ppo_kl_coef: float = doc("kl_cov: coefficient of |log ratio| on those tokens.", 0.1)
     dro_beta: Optional[float] = doc("dro: quadratic log-ratio penalty (required for loss_mode=dro).", None)
-    rollout_correction: RolloutCorrectionConfig = doc("Follows algorithm.rollout_correction (set it there).",
-                                                      factory=_follow_algorithm_rollout_correction)
+    rollout_correction: RolloutCorrectionConfig = doc("Follows algorithm.rollout_correction in a job config (set it "
+                                                      "there); off in an ActorConfig built by hand.",
+                                                      factory=RolloutCorrectionConfig)
 
 
 @dataclass(frozen=True)
