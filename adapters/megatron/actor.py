@@ -1,13 +1,12 @@
 """MegatronActor: the policy (and, without optimizer, the frozen reference) on megatron-core.
 
 Exact gradient accumulation: the objective of one optimizer step is the loss aggregated over the
-WHOLE mini-batch (all micro-batches on all dp ranks), as if it were one batch. Each micro-batch's
-aggregate is multiplied by its share of the global normaliser of the aggregation mode:
-  token-mean            tokens in micro-batch / tokens in mini-batch (all dp ranks)
-  seq-mean-token-*      rows in micro-batch / rows in mini-batch
-  seq-mean-token-sum-norm (a sum over a constant horizon): 1
-and the engine sums (never averages) these shares over micro-batches and dp. Changing the
-micro-batch size, dynamic batching or dp therefore does not change the update (tested).
+WHOLE mini-batch (all micro-batches on all dp ranks), as if it were one batch. The objective
+(hybridrl.algos.ActorObjective) aggregates each micro-batch with the mini-batch's global token and row
+counts (agg_loss's verl 0.9 global-batch meaning: the one home of that rule), which makes it the
+micro-batch's share times dp_size; the engine sums (never averages) over micro-batches and dp, so the
+share is divided by dp_size here (engine.py's contract). Changing the micro-batch size, dynamic batching
+or dp therefore does not change the update (tested).
 """
 from __future__ import annotations
 
@@ -16,22 +15,13 @@ from typing import Optional
 import torch
 
 from hybridrl.adapters.base import ActorModel
-from hybridrl.algos import KL_PENALTIES, POLICY_LOSSES, PolicyLossParams, agg_loss, tis_weights
-from hybridrl.algos.policy_loss.gspo import GSPO_AGG_MODE
+from hybridrl.algos import ActorObjective, GlobalBatch
 from hybridrl.config.schema.actor import ActorConfig, ModelConfig, RefConfig
 from hybridrl.config.validate import BatchPlan, ParallelLayout
 from hybridrl.protocol import DataProto
 
 from .forward import MicroBatch, response_log_probs
 from .role import MegatronRole
-
-# Policy losses that aggregate with a fixed mode whatever loss_agg_mode says (verl's behaviour).
-FIXED_AGG = {"gspo": GSPO_AGG_MODE}
-# Which global count each aggregation mode divides by; unknown (user) modes are treated as row means.
-NORMALISER = {"token-mean": "tokens", "seq-mean-token-sum": "rows", "seq-mean-token-mean": "rows",
-              "seq-mean-token-sum-norm": "none"}
-METRICS = ["actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower", "actor/entropy",
-           "actor/kl_loss"]
 
 
 class MegatronActor(MegatronRole, ActorModel):
@@ -50,6 +40,7 @@ class MegatronActor(MegatronRole, ActorModel):
         super().__init__(model.path, megatron, layout, optim=None if actor is None else actor.optim,
                          override_config=model.override_config, recompute=model.enable_gradient_checkpointing,
                          load_weight=(ref or actor).load_weight, total_training_steps=total_training_steps)
+        self.objective = None if actor is None else ActorObjective.from_config(actor)
         if actor is None:
             self._fwd_rows = ref_micro_batch or ref.log_prob_micro_batch_size_per_gpu
             self._fwd_tokens = ref.log_prob_max_token_len_per_gpu if ref.log_prob_use_dynamic_bsz else None
@@ -65,20 +56,22 @@ class MegatronActor(MegatronRole, ActorModel):
 
     # ---------------------------------------------------------------------------------- log-probs
     def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False) -> DataProto:
+        """log_probs [B, R] (+ entropys; + sum_pi_squared when meta_info calculate_sum_pi_squared is set)."""
         temperature = float(data.meta_info.get("temperature", 1.0))
+        sum_pi_squared = bool(data.meta_info.get("calculate_sum_pi_squared", False))
         mbs = self._micro_batches(data, [], self._fwd_rows, self._fwd_tokens)
         vocab = self.arch.vocab_size
 
         def loss_fn(out: torch.Tensor, mb: MicroBatch):
-            logp, ent = response_log_probs(out, mb, vocab, temperature, with_entropy=calculate_entropy)
-            metrics = {"log_probs": logp} if ent is None else {"log_probs": logp, "entropys": ent}
-            return logp.new_zeros(()), metrics
+            stats = response_log_probs(out, mb, vocab, temperature, with_entropy=calculate_entropy,
+                                       with_sum_pi_squared=sum_pi_squared)
+            metrics = {"log_probs": stats.log_probs, "entropys": stats.entropy, "sum_pi_squared": stats.sum_pi_squared}
+            return stats.log_probs.new_zeros(()), {k: v for k, v in metrics.items() if v is not None}
 
         results = self.engine.run(mbs, loss_fn, forward_only=True)
         shape = tuple(data.batch["responses"].shape)
-        out = {"log_probs": self._gather_rows(results, mbs, "log_probs", shape)}
-        if calculate_entropy:
-            out["entropys"] = self._gather_rows(results, mbs, "entropys", shape)
+        keys = ["log_probs"] + (["entropys"] if calculate_entropy else []) + (["sum_pi_squared"] if sum_pi_squared else [])
+        out = {k: self._gather_rows(results, mbs, k, shape) for k in keys}
         return DataProto.from_dict(out, meta_info={"temperature": temperature})
 
     # ---------------------------------------------------------------------------------- update
@@ -86,67 +79,32 @@ class MegatronActor(MegatronRole, ActorModel):
         if self.is_reference:
             raise RuntimeError("update_policy called on the reference model (built without an optimizer)")
         temperature = float(data.meta_info.get("temperature", 1.0))
-        out = self._update(data, self._input_keys(data), lambda mini: self._loss_fn(mini, temperature), METRICS)
-        if not self.cfg.use_kl_loss:
-            out.pop("actor/kl_loss")
-        return out
+        keys = self.objective.input_keys() + (["rollout_is_weights"] if "rollout_is_weights" in data.batch else [])
+        names = self.objective.total_names() + self.objective.mean_names()
+        return self._update(data, keys, lambda mini: self._loss_fn(mini, temperature), names)
 
     def _loss_fn(self, mini: DataProto, temperature: float):
-        cfg = self.cfg
-        mode = cfg.policy_loss.loss_mode
-        agg = FIXED_AGG.get(mode, cfg.loss_agg_mode)
-        policy_loss = POLICY_LOSSES.get(mode)
-        params = PolicyLossParams(clip_ratio=cfg.clip_ratio, clip_ratio_low=cfg.clip_ratio_low,
-                                  clip_ratio_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c)
-        if cfg.use_kl_loss:
-            KL_PENALTIES.get(cfg.kl_loss_type)  # fail before the forward pass on a wrong name
-        tokens, rows = global_counts(mini)
-        normaliser = NORMALISER.get(agg, "rows")
+        objective, cfg = self.objective, self.cfg
+        batch = global_batch(mini, cfg.loss_scale_factor)
         vocab = self.arch.vocab_size
 
         def loss_fn(out: torch.Tensor, mb: MicroBatch):
-            x = mb.extras
-            mask = x["response_mask"]
-            logp, ent = response_log_probs(out, mb, vocab, temperature, with_entropy=True,
-                                           entropy_grad=cfg.entropy_coeff != 0)
-            w_tok, w = loss_weights(mask, tokens, rows, normaliser)
-            is_w = (tis_weights(x["old_log_probs"], x["rollout_log_probs"], cfg.tis_imp_ratio_cap)
-                    if "rollout_log_probs" in x else None)
-            pg = policy_loss(x["old_log_probs"], logp, x["advantages"], mask, params, agg, is_w)
-            entropy = agg_loss(ent, mask, agg)
-            loss = pg.pg_loss - cfg.entropy_coeff * entropy
-            metrics = {"actor/pg_loss": pg.pg_loss.detach() * w, "actor/pg_clipfrac": pg.pg_clipfrac * w_tok,
-                       "actor/ppo_kl": pg.ppo_kl * w_tok, "actor/pg_clipfrac_lower": pg.pg_clipfrac_lower * w_tok,
-                       "actor/entropy": entropy.detach() * w}
-            if cfg.use_kl_loss:
-                kl = agg_loss(KL_PENALTIES.get(cfg.kl_loss_type)(logp, x["ref_log_prob"]), mask, agg)
-                loss = loss + cfg.kl_loss_coef * kl
-                metrics["actor/kl_loss"] = kl.detach() * w
-            return loss * w, metrics
+            stats = response_log_probs(out, mb, vocab, temperature, with_entropy=True,
+                                       entropy_grad=cfg.entropy_coeff != 0)
+            result = objective(stats.log_probs, stats.entropy, mb.extras, batch)
+            w_tok = float(mb.extras["response_mask"].sum()) / max(batch.batch_num_tokens, 1.0)
+            metrics = {k: v / batch.dp_size for k, v in result.totals.items()}
+            metrics.update({k: float(v) * w_tok for k, v in result.means.items()})
+            return result.loss / batch.dp_size, metrics
 
         return loss_fn
 
-    def _input_keys(self, data: DataProto) -> list[str]:
-        keys = ["response_mask", "old_log_probs", "advantages"]
-        if self.cfg.use_kl_loss:
-            keys.append("ref_log_prob")
-        if self.cfg.tis_imp_ratio_cap > 0:
-            if "rollout_log_probs" not in data.batch:
-                raise KeyError("actor.tis_imp_ratio_cap > 0 needs rollout_log_probs in the batch; set "
-                               "actor_rollout_ref.rollout.calculate_log_probs=true")
-            keys.append("rollout_log_probs")
-        return keys
 
+def global_batch(mini: DataProto, loss_scale_factor: Optional[float] = None) -> GlobalBatch:
+    """This mini-batch's global sizes (response tokens and rows summed over all data-parallel ranks)."""
+    from megatron.core import parallel_state as ps
 
-def loss_weights(mask: torch.Tensor, tokens: float, rows: float, normaliser: str) -> tuple[float, float]:
-    """(this micro-batch's share of the mini-batch's tokens, its share under the loss normaliser)."""
-    w_tok = float(mask.sum()) / max(tokens, 1.0)
-    return w_tok, {"tokens": w_tok, "rows": mask.shape[0] / max(rows, 1.0), "none": 1.0}[normaliser]
-
-
-def global_counts(mini: DataProto) -> tuple[float, float]:
-    """(response tokens, rows) of this mini-batch summed over all data-parallel ranks."""
     from .engine import sum_over_dp
 
     tokens, rows = sum_over_dp([float(mini.batch["response_mask"].sum()), float(len(mini))])
-    return tokens, rows
+    return GlobalBatch(ps.get_data_parallel_world_size(), tokens, rows, loss_scale_factor)

@@ -13,7 +13,7 @@ from hybridrl.config.schema.critic import CriticConfig
 from hybridrl.config.validate import BatchPlan, ParallelLayout
 from hybridrl.protocol import DataProto
 
-from .actor import NORMALISER, global_counts, loss_weights
+from .actor import global_batch
 from .forward import MicroBatch, gather_response
 from .role import MegatronRole
 
@@ -58,18 +58,19 @@ class MegatronCritic(MegatronRole, CriticModel):
 
     def _loss_fn(self, mini: DataProto):
         agg = self.cfg.loss_agg_mode
-        normaliser = NORMALISER.get(agg, "rows")
-        tokens, rows = global_counts(mini)
+        batch = global_batch(mini, self.cfg.loss_scale_factor)
+        tokens, dp = max(batch.batch_num_tokens, 1.0), batch.dp_size
         clip = self.cfg.cliprange_value
 
         def loss_fn(out: torch.Tensor, mb: MicroBatch):
             x = mb.extras
             mask = x["response_mask"]
             vpreds = response_values(out, mb)
-            w_tok, w = loss_weights(mask, tokens, rows, normaliser)
-            vf = value_loss(vpreds, x["returns"], x["values"], mask, clip, agg)
-            metrics = {"critic/vf_loss": vf.vf_loss.detach() * w, "critic/vf_clipfrac": vf.vf_clipfrac * w_tok,
-                       "critic/vpred_mean": masked_sum(vpreds.detach(), mask) / max(tokens, 1.0)}
-            return vf.vf_loss * w, metrics
+            vf = value_loss(vpreds, x["returns"], x["values"], mask, clip, agg, **batch)
+            # vf_loss is the micro-batch's share of the mini-batch loss times dp (agg_loss); the engine sums over dp
+            metrics = {"critic/vf_loss": vf.vf_loss.detach() / dp,
+                       "critic/vf_clipfrac": vf.vf_clipfrac * float(mask.sum()) / tokens,
+                       "critic/vpred_mean": masked_sum(vpreds.detach(), mask) / tokens}
+            return vf.vf_loss / dp, metrics
 
         return loss_fn

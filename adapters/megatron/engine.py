@@ -2,7 +2,8 @@
 
 Loss scaling contract (why `calculate_per_token_loss` and our own finalize): the loss a micro-batch
 returns is ALREADY its exact share of the mini-batch loss across all micro-batches and dp ranks
-(actor.py / critic.py weight it by tokens or rows over the global count). So the schedule must not
+(actor.py / critic.py aggregate with agg_loss's global token / row counts, whose result is that share
+times dp_size for an averaging reduce, and divide by dp_size). So the schedule must not
 divide by the number of micro-batches, DDP must SUM (not average) over dp, and nothing may divide by
 a token count afterwards: calculate_per_token_loss=True gives the first two, and `_finalize` calls
 megatron's finalize_model_grads without num_tokens for the third. The update is then invariant to

@@ -6,18 +6,22 @@ row's contiguous valid tokens to the front makes RoPE positions equal HF's posit
 padding after every real token, where a causal mask never lets real tokens see it; rows are then
 trimmed to the longest one in the micro-batch. Exact for any contiguous attention_mask (checked).
 
-Log-probs and entropy are computed vocab-parallel: each tp rank holds logits [.., V/tp]; reductions
-(max, sum of exp, sum of p*z) are all-reduced over the tp group, so full logits are never gathered.
-Padded vocab entries (rows added for tp divisibility) are masked to -inf before any softmax.
+Log-probs, entropy and sum of squared probabilities are computed vocab-parallel: each tp rank holds
+logits [.., V/tp]; reductions (max, sum of exp, sum of p*z) are all-reduced over the tp group, so full
+logits are never gathered. Padded vocab entries (rows added for tp divisibility) are masked to -inf
+before any softmax. Without autograd (the log-prob passes) entropy and sum_pi_squared walk the response
+tokens CHUNK_TOKENS at a time, so their [tokens, V/tp] temporaries stay small for large vocabularies.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, NamedTuple, Optional
 
 import torch
 
 from . import compat
+
+CHUNK_TOKENS = 512  # response tokens per chunk of the no-grad entropy / sum_pi_squared: [512, V/tp] fp32 temporaries
 
 
 @dataclass
@@ -111,9 +115,40 @@ def vocab_parallel_entropy(z: torch.Tensor) -> torch.Tensor:
     return torch.log(s) - ez / s
 
 
+@torch.no_grad()
+def vocab_parallel_sum_pi_squared(z: torch.Tensor) -> torch.Tensor:
+    """sum_v softmax(z)_v^2 over the full vocab from tp-sharded z [.., V/tp] (no gradient).
+
+    With e = exp(z - m) (m the global max): S1 = sum e, S2 = sum e^2, both all-reduced; the result is S2 / S1^2.
+    """
+    from megatron.core import parallel_state as ps
+
+    group = ps.get_tensor_model_parallel_group()
+    m = z.max(dim=-1, keepdim=True).values
+    torch.distributed.all_reduce(m, op=torch.distributed.ReduceOp.MAX, group=group)
+    e = torch.exp(z - m)
+    sums = torch.stack([e.sum(-1), e.square().sum(-1)])
+    torch.distributed.all_reduce(sums, group=group)
+    return sums[1] / sums[0].square()
+
+
+@torch.no_grad()
+def _chunked(fn: Callable[[torch.Tensor], torch.Tensor], z: torch.Tensor) -> torch.Tensor:
+    """fn over CHUNK_TOKENS rows of z [b, R, V/tp] at a time -> [b, R]; every tp rank takes the same chunks."""
+    flat = z.reshape(-1, z.shape[-1])
+    return torch.cat([fn(c) for c in flat.split(CHUNK_TOKENS)]).reshape(z.shape[:-1])
+
+
+class TokenStats(NamedTuple):
+    log_probs: torch.Tensor  # [b, R]
+    entropy: Optional[torch.Tensor]  # [b, R] when asked
+    sum_pi_squared: Optional[torch.Tensor]  # [b, R] when asked
+
+
 def response_log_probs(logits: torch.Tensor, mb: MicroBatch, vocab_size: int, temperature: float,
-                       with_entropy: bool, entropy_grad: bool = True) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """Log-probs [b, R] of the response tokens (and entropy [b, R]) at `temperature`, vocab-parallel.
+                       with_entropy: bool, entropy_grad: bool = True, with_sum_pi_squared: bool = False) -> TokenStats:
+    """Log-probs [b, R] of the response tokens (and entropy, sum of squared probabilities [b, R]) at
+    `temperature`, vocab-parallel.
 
     logits: this tp rank's [b, L, V/tp]. Outputs are 0 at positions outside the attention mask.
     entropy_grad=False computes the entropy as a metric only (no autograd graph over [b, R, V/tp]).
@@ -124,14 +159,17 @@ def response_log_probs(logits: torch.Tensor, mb: MicroBatch, vocab_size: int, te
     if temperature != 1.0:
         z = z / temperature  # exactly what the rollout samples from: softmax(logits / T)
     z = mask_vocab_padding(z, vocab_size)
-    entropy = None
-    if with_entropy:
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            entropy = vocab_parallel_entropy(z if entropy_grad else z.detach())
-    # megatron's cross entropy subtracts the max from its input in place: hand it its own copy.
-    logp = -vocab_parallel_cross_entropy(z.clone() if with_entropy else z, mb.responses)
     valid = mb.resp_valid
+    entropy = spsq = None
+    if with_entropy and entropy_grad and torch.is_grad_enabled():
+        entropy = vocab_parallel_entropy(z)
+    elif with_entropy:
+        entropy = _chunked(vocab_parallel_entropy, z.detach())
+    if with_sum_pi_squared:
+        spsq = torch.where(valid, _chunked(vocab_parallel_sum_pi_squared, z.detach()), torch.zeros_like(valid, dtype=z.dtype))
+    # megatron's cross entropy subtracts the max from its input in place: hand it its own copy.
+    logp = -vocab_parallel_cross_entropy(z.clone() if with_entropy or with_sum_pi_squared else z, mb.responses)
     logp = torch.where(valid, logp, torch.zeros_like(logp))
     if entropy is not None:
         entropy = torch.where(valid, entropy, torch.zeros_like(entropy))
-    return logp, entropy
+    return TokenStats(logp, entropy, spsq)

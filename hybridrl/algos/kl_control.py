@@ -64,6 +64,13 @@ def build_kl_controller(
     raise ValueError(f"Unknown algorithm.kl_ctrl.type {type!r}. Valid choices: adaptive, fixed")
 
 
+def compute_rewards(
+    token_level_scores: torch.Tensor, old_log_prob: torch.Tensor, ref_log_prob: torch.Tensor, kl_ratio: float
+) -> torch.Tensor:
+    """verl's compute_rewards: scores - kl_ratio * (old_log_prob - ref_log_prob) per token (k1, unmasked)."""
+    return token_level_scores - (old_log_prob - ref_log_prob) * kl_ratio
+
+
 def apply_kl_penalty(
     token_level_scores: torch.Tensor,
     old_log_prob: torch.Tensor,

@@ -65,10 +65,16 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = T
     return whitened
 
 
+def clip_by_value(x: torch.Tensor, tensor_min: torch.Tensor, tensor_max: torch.Tensor) -> torch.Tensor:
+    """torch.clamp with tensor bounds (broadcast): max(min(x, tensor_max), tensor_min), verl's order."""
+    return torch.max(torch.min(x, tensor_max), tensor_min)
+
+
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     """Categorical entropy per position: [..., V] -> [...].
 
-    Computed as logsumexp(z) - sum(softmax(z) * z), which stays finite for large logits.
+    Computed as logsumexp(z) - sum(softmax(z) * z), which stays finite for large logits. Builds
+    [..., V] temporaries: for a large vocabulary use hybridrl.algos.entropy.entropy_from_logits_chunked.
     """
     probs = torch.softmax(logits, dim=-1)
     return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(dim=-1)

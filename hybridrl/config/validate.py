@@ -7,12 +7,15 @@ the keys involved and a fix.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from .loader import ConfigError
+from .algorithm_checks import AlgorithmPlan, check_algorithm
+from .problems import Problems as _Problems
+from .problems import choices as _choices
+from .problems import did_you_mean as _did_you_mean
+from .problems import registry_names as _registry_names
 from .schema import MegatronConfig, PPOConfig
 from .schema.common import LAYOUT_KEYS
 
@@ -92,6 +95,7 @@ class Derived:
     use_critic: bool
     critic: Optional[ParallelLayout]
     critic_batch: Optional[BatchPlan]
+    algorithm: Optional[AlgorithmPlan] = None  # None only in Derived objects built by hand (tests)
     notes: tuple[str, ...] = field(default_factory=tuple)
 
 
@@ -117,47 +121,16 @@ class RunConfig:
                else f"micro-batch {b.micro_batch_per_gpu} -> grad accumulation {b.grad_accum}"),
             f"roles: actor+rollout{'+ref' if d.use_reference else ''}{'+critic' if d.use_critic else ''} colocated",
         ]
+        if d.algorithm is not None:
+            lines.append(f"algorithm: {d.algorithm.describe()}")
         lines += [f"note: {n}" for n in d.notes]
         return "\n".join(lines)
-
-
-class _Problems:
-    def __init__(self) -> None:
-        self.errors: list[str] = []
-        self.notes: list[str] = []
-
-    def check(self, ok: bool, message: str) -> bool:
-        if not ok:
-            self.errors.append(message)
-        return ok
-
-    def raise_if_any(self) -> None:
-        if self.errors:
-            head = "invalid config" if len(self.errors) == 1 else f"invalid config ({len(self.errors)} problems)"
-            raise ConfigError(head + ":\n  - " + "\n  - ".join(self.errors))
 
 
 def _get(cfg: Any, dotted: str) -> Any:
     for part in dotted.split("."):
         cfg = getattr(cfg, part)
     return cfg
-
-
-def _did_you_mean(value: Any, names: list[str]) -> str:
-    close = difflib.get_close_matches(str(value), names, n=1)
-    return f"; did you mean {close[0]}?" if close else ""
-
-
-def _choices(key: str, value: str, names: list[str], p: _Problems) -> None:
-    p.check(value in names, f"{key}={value!r} is not one of {', '.join(sorted(names))}{_did_you_mean(value, names)}")
-
-
-def _registry_names(module: str, attr: str) -> Optional[list[str]]:
-    try:
-        mod = __import__(module, fromlist=[attr])
-        return list(getattr(mod, attr).names())
-    except (ImportError, AttributeError):
-        return None
 
 
 # ---------------------------------------------------------------------------------------------- layout
@@ -354,41 +327,13 @@ def _check_data(cfg: PPOConfig, p: _Problems) -> None:
             "data.custom_cls needs both path and name (a .py file and the class in it)")
 
 
-def _check_algorithm(cfg: PPOConfig, n: int, p: _Problems) -> None:
-    a, actor = cfg.algorithm, cfg.actor_rollout_ref.actor
-    estimators = _registry_names("hybridrl.algos", "ADVANTAGE_ESTIMATORS")
-    if estimators is not None:
-        _choices("algorithm.adv_estimator", a.adv_estimator, estimators, p)
-    group_based = ("grpo", "rloo", "reinforce_plus_plus_baseline")
-    p.check(not (a.adv_estimator in group_based and n < 2),
-            f"algorithm.adv_estimator={a.adv_estimator} compares samples of the same prompt: set "
-            f"{ARA}.rollout.n >= 2 (got {n})")
-    kls = _registry_names("hybridrl.algos", "KL_PENALTIES")
-    if kls is not None:
-        _choices("algorithm.kl_penalty", a.kl_penalty, kls, p)
-        _choices(f"{ARA}.actor.kl_loss_type", actor.kl_loss_type, kls, p)
-    _choices("algorithm.kl_ctrl.type", a.kl_ctrl.type, ["fixed", "adaptive"], p)
-    p.check(0 <= a.gamma <= 1 and 0 <= a.lam <= 1, "algorithm.gamma and algorithm.lam must be in [0, 1]")
-    p.check(not a.use_pf_ppo, "algorithm.use_pf_ppo=true is not supported yet; set it to false")
-    if a.use_kl_in_reward and actor.use_kl_loss:
-        p.notes.append("algorithm.use_kl_in_reward and actor.use_kl_loss are both on: KL is penalized twice")
-
-
 def _check_actor(cfg: PPOConfig, p: _Problems) -> None:
     actor, key = cfg.actor_rollout_ref.actor, f"{ARA}.actor"
     p.check(actor.strategy == "megatron", f"{key}.strategy={actor.strategy!r}: hybridrl trains with megatron-core; set it to megatron")
-    aggs = _registry_names("hybridrl.algos", "LOSS_AGG_MODES")
-    if aggs is not None:
-        _choices(f"{key}.loss_agg_mode", actor.loss_agg_mode, aggs, p)
-    losses = _registry_names("hybridrl.algos", "POLICY_LOSSES")
-    if losses is not None:
-        _choices(f"{key}.policy_loss.loss_mode", actor.policy_loss.loss_mode, losses, p)
     for name in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"):
         v = getattr(actor, name)
         p.check(v is None or v > 0, f"{key}.{name}={v} must be > 0")
     p.check(actor.clip_ratio_c > 1, f"{key}.clip_ratio_c={actor.clip_ratio_c} must be > 1 (dual-clip bound)")
-    p.check(actor.tis_imp_ratio_cap <= 0 or actor.tis_imp_ratio_cap >= 1,
-            f"{key}.tis_imp_ratio_cap={actor.tis_imp_ratio_cap} must be >= 1 (or <= 0 to disable)")
     p.check(cfg.actor_rollout_ref.model.lora_rank == 0, f"{ARA}.model.lora_rank: LoRA is not supported yet; set it to 0")
     p.check(cfg.actor_rollout_ref.hybrid_engine, f"{ARA}.hybrid_engine=false: hybridrl always colocates rollout and training")
     for role, optim in ((f"{key}.optim", actor.optim), ("critic.optim", cfg.critic.optim)):
@@ -453,7 +398,7 @@ def validate(cfg: PPOConfig, cuda_available: Optional[Callable[[], bool]] = None
     rollout = _rollout(cfg, device, world, p)
     _check_data(cfg, p)
     _check_actor(cfg, p)
-    _check_algorithm(cfg, rollout.n, p)
+    algorithm = check_algorithm(cfg, rollout.n, p)
     _check_trainer(cfg, p)
     _check_rewards(cfg, p)
     _no_effect_notes(cfg, p)
@@ -500,7 +445,7 @@ def validate(cfg: PPOConfig, cuda_available: Optional[Callable[[], bool]] = None
     derived = Derived(
         device=device, world_size=world, actor=actor, rollout=rollout, actor_batch=actor_batch,
         ref_forward_micro_batch_per_gpu=ref_micro, use_reference=use_reference, use_critic=use_critic,
-        critic=critic_layout, critic_batch=critic_batch, notes=tuple(p.notes),
+        critic=critic_layout, critic_batch=critic_batch, algorithm=algorithm, notes=tuple(p.notes),
     )
     return RunConfig(cfg, derived)
 

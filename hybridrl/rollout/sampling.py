@@ -115,11 +115,18 @@ class StopChecker:
         return any(text.find(s, start) >= 0 for s in self.stop_strings)
 
 
-def sampling_from_config(rollout_cfg: Any, validate: bool = False, *, step: int = 0, replica: int = 0) -> SamplingParams:
+def _seed(base: int, step: int, replica: int, draw: int) -> int:
+    seed = row_seed(row_seed(base, step), replica)
+    return row_seed(seed, draw) if draw else seed  # draw 0 keeps the seeds runs had before draws existed
+
+
+def sampling_from_config(rollout_cfg: Any, validate: bool = False, *, step: int = 0, replica: int = 0,
+                         draw: int = 0) -> SamplingParams:
     """SamplingParams from actor_rollout_ref.rollout (validate=True: its val_kwargs).
 
-    The seed is rollout.seed mixed with the step and the replica index: different draws every step
-    and replica, the same on the tp_g ranks of one replica (they must generate identical tokens).
+    The seed is rollout.seed mixed with the step, the replica index and (when > 0) the draw, the
+    generation batch within a step (dynamic sampling): different draws every step, batch and
+    replica, the same on the tp_g ranks of one replica (they must generate identical tokens).
     """
     r = rollout_cfg
     src = r.val_kwargs if validate else r
@@ -131,6 +138,6 @@ def sampling_from_config(rollout_cfg: Any, validate: bool = False, *, step: int 
         max_tokens=r.response_length,
         do_sample=src.do_sample,
         ignore_eos=r.ignore_eos,
-        seed=row_seed(row_seed(r.seed, step), replica),
+        seed=_seed(r.seed, step, replica, draw),
         logprobs=True,
     )

@@ -1,7 +1,8 @@
 """Driver-side steps of a PPO/GRPO iteration that are plain tensor work on the gathered batch.
 
 Kept apart from the loop so each is one small function with a unit test: group ids, balancing rows
-over data-parallel ranks, rewards into the batch, KL in the reward, advantages, validation scores.
+over data-parallel ranks, rewards into the batch, KL in the reward, rollout correction, advantages,
+validation scores.
 """
 from __future__ import annotations
 
@@ -13,7 +14,14 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from hybridrl.algos import AdvantageInputs, AdvantageParams, apply_kl_penalty, compute_advantage
+from hybridrl.algos import (
+    AdvantageInputs,
+    AdvantageParams,
+    RolloutCorrection,
+    apply_kl_penalty,
+    compute_advantage,
+    rollout_correction,
+)
 from hybridrl.protocol import DataProto
 
 
@@ -72,14 +80,52 @@ def rewards_with_kl(batch: DataProto, use_kl_in_reward: bool, controller: Any, k
     return batch.union(DataProto.from_dict({"token_level_rewards": rewards})), metrics
 
 
+def rollout_log_probs_as_old(batch: DataProto) -> DataProto:
+    """bypass_mode: the rollout engine's log-probs stand in for the old policy's (no old-log-prob pass)."""
+    if "rollout_log_probs" not in batch.batch:
+        raise KeyError("algorithm.rollout_correction.bypass_mode=true needs rollout_log_probs in the batch; set "
+                       "actor_rollout_ref.rollout.calculate_log_probs=true")
+    return batch.union(DataProto.from_dict({"old_log_probs": batch.batch["rollout_log_probs"]}))
+
+
+def with_rollout_correction(batch: DataProto, spec: RolloutCorrection) -> tuple[DataProto, dict[str, float]]:
+    """rollout_is_weights (with rollout_is) and response_mask without the rejected tokens (with rollout_rs), from
+    old_log_probs vs rollout_log_probs; plus the rollout_corr/* metrics."""
+    b = batch.batch
+    out = rollout_correction(b["old_log_probs"], b["rollout_log_probs"], b["response_mask"], spec)
+    tensors = {"response_mask": out.response_mask.to(b["response_mask"].dtype)}
+    if out.weights is not None:
+        tensors["rollout_is_weights"] = out.weights.to(b["old_log_probs"].dtype)
+    kept = {k: v for k, v in b.items() if k not in tensors}
+    return DataProto({**kept, **tensors}, dict(batch.non_tensor_batch), dict(batch.meta_info)), out.metrics
+
+
+def reward_components(batch: DataProto, keys: tuple[str, ...]) -> Optional[dict[str, torch.Tensor]]:
+    """{key: [B] float} of the reward function's dict fields `keys` (gdpo); None without keys."""
+    if not keys:
+        return None
+    have = sorted(k.split("/", 1)[1] for k in batch.non_tensor_batch if k.startswith("reward_extra/"))
+    missing = [k for k in keys if f"reward_extra/{k}" not in batch.non_tensor_batch]
+    if missing:
+        raise KeyError(f"algorithm.gdpo_reward_keys {missing}: the reward function's results have no such fields "
+                       f"(they have {have or 'none: it returns numbers'}); return a dict with these keys")
+    return {k: torch.tensor(np.asarray(batch.non_tensor_batch[f"reward_extra/{k}"], dtype=np.float64),
+                            dtype=torch.float32) for k in keys}
+
+
 def advantages(batch: DataProto, estimator: str, params: AdvantageParams,
                reward_baselines: Optional[torch.Tensor] = None) -> DataProto:
+    b = batch.batch
     inputs = AdvantageInputs(
-        token_level_rewards=batch.batch["token_level_rewards"],
-        response_mask=batch.batch["response_mask"],
-        values=batch.batch.get("values"),
+        token_level_rewards=b["token_level_rewards"],
+        response_mask=b["response_mask"],
+        values=b.get("values"),
         index=batch.non_tensor_batch.get("uid"),
         reward_baselines=reward_baselines,
+        old_log_probs=b.get("old_log_probs"),
+        sum_pi_squared=b.get("sum_pi_squared"),
+        rollout_is_weights=b.get("rollout_is_weights"),
+        reward_components=reward_components(batch, params.gdpo_reward_keys),
     )
     out = compute_advantage(estimator, inputs, params)
     return batch.union(DataProto.from_dict({"advantages": out.advantages, "returns": out.returns}))

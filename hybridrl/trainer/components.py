@@ -10,16 +10,17 @@ import dataclasses
 import json
 import os
 import time
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 
-from hybridrl.algos import AdvantageParams, build_kl_controller
+from hybridrl.algos import AdvantageParams, RolloutCorrection, build_kl_controller
 from hybridrl.config import RunConfig
 from hybridrl.config.loader import to_dict
 from hybridrl.protocol import DataProto
 
 from .checkpoint_manager import CheckpointManager, TrainerState, find_resume_path, load_trainer_state, restore_rng_state
+from .dynamic_sampling import RolloutStream
 from .metrics import compute_mfu, peak_flops_for
 from .progress import ProgressBar
 from .startup import StartupClock
@@ -42,6 +43,7 @@ class Components:
     progress: ProgressBar
     kl_ctrl: Any
     adv_params: AdvantageParams
+    rollout_correction: Optional[RolloutCorrection]  # effective settings (validate.py); None: off
     total_steps: int
     hf_config: dict
     is_rank0: bool
@@ -53,7 +55,7 @@ class Components:
     def build(cls, run: RunConfig) -> "Components":
         from hybridrl.data.factory import create_rl_dataset
         from hybridrl.data.loader import make_prompt_loader
-        from hybridrl.reward import load_reward_fn
+        from hybridrl.reward import load_reward_fn, with_overlong_buffer
         from hybridrl.utils.hf_model import materialize_hf_dir
         from hybridrl.workers.common import load_tokenizer_for
 
@@ -69,10 +71,11 @@ class Components:
         train_loader = make_prompt_loader(train, cfg.data, is_train=True)
         val_loader = make_prompt_loader(val, cfg.data, is_train=False)
         total = t.total_training_steps or len(train_loader) * t.total_epochs
-        reward = load_reward_fn(cfg.custom_reward_function, cfg.reward_model.reward_manager, tokenizer,
-                                reward_fn_key=cfg.data.reward_fn_key)
-        val_reward = load_reward_fn(cfg.custom_reward_function, cfg.reward_model.reward_manager, tokenizer,
-                                    reward_fn_key=cfg.data.reward_fn_key, num_examine=t.log_val_generations)
+        # DAPO's overlong buffer shapes validation scores too, as verl's DAPO recipe does
+        reward, val_reward = (with_overlong_buffer(
+            load_reward_fn(cfg.custom_reward_function, cfg.reward_model.reward_manager, tokenizer,
+                           reward_fn_key=cfg.data.reward_fn_key, num_examine=examine),
+            cfg.reward_model.overlong_buffer, cfg.data.max_response_length) for examine in (0, t.log_val_generations))
         clock.lap("data")
         actor, critic, rank0 = _spawn_groups(run, model_dir, total, max_rollout_rows(run, len(val)), clock)
         print(_startup_report(run, model_dir, len(train), len(val), train, total), flush=True)
@@ -86,22 +89,33 @@ class Components:
             ckpt=CheckpointManager.from_config(t, cfg), progress=ProgressBar.from_config(t, total) if rank0 else
             ProgressBar(total, enabled=False),
             kl_ctrl=build_kl_controller(kc.type, kc.kl_coef, kc.target_kl, kc.horizon),
-            adv_params=AdvantageParams(gamma=cfg.algorithm.gamma, lam=cfg.algorithm.lam,
-                                       norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo),
+            adv_params=advantage_params(cfg.algorithm),
+            rollout_correction=None if run.derived.algorithm.rollout_correction is None
+            else RolloutCorrection.from_config(run.derived.algorithm.rollout_correction),
             total_steps=total, hf_config=actor.model_info()["hf_config"], is_rank0=rank0, backend=t.backend,
             startup=clock,
         )
 
     # ------------------------------------------------------------------ data
-    def batches(self, done_steps: int) -> Iterator[DataProto]:
-        """Training batches from where the loader stands until total_steps (epochs roll over)."""
-        step = done_steps
-        while step < self.total_steps:
+    def rollouts(self, done_steps: int, generate: Callable[[DataProto, int, int], DataProto],
+                 score: Callable[[DataProto], DataProto]) -> RolloutStream:
+        """One generated and scored batch per remaining step (dynamic_sampling.py: DAPO's filter when on)."""
+        fg = self.run.cfg.algorithm.filter_groups
+        return RolloutStream(self.prompt_batches(), generate, score, start_step=done_steps,
+                             steps=max(self.total_steps - done_steps, 0),
+                             train_batch_size=self.run.cfg.data.train_batch_size,
+                             filter_metric=fg.metric if fg.enable else None, max_num_gen_batches=fg.max_num_gen_batches)
+
+    def prompt_batches(self) -> Iterator[DataProto]:
+        """Training prompt batches from where the loader stands, epochs rolling over (the rollout stream
+        decides how many it takes: one per step, more with dynamic sampling)."""
+        while True:
+            empty = True
             for batch in self.train_loader:
+                empty = False
                 yield batch
-                step += 1
-                if step >= self.total_steps:
-                    return
+            if empty:
+                return
 
     def val_batches(self) -> Iterator[DataProto]:
         self.val_loader.position = 0  # validation always walks the whole set from its start
@@ -208,6 +222,15 @@ class Components:
             from hybridrl.controller import shutdown_ray
 
             shutdown_ray()
+
+
+def advantage_params(algorithm: Any) -> AdvantageParams:
+    """algorithm.* -> the estimators' parameters."""
+    return AdvantageParams(gamma=algorithm.gamma, lam=algorithm.lam,
+                           norm_adv_by_std_in_grpo=algorithm.norm_adv_by_std_in_grpo,
+                           gdpo_reward_keys=tuple(algorithm.gdpo_reward_keys or ()),
+                           gdpo_reward_weights=None if algorithm.gdpo_reward_weights is None
+                           else tuple(algorithm.gdpo_reward_weights))
 
 
 def check_model_fits_layout(run: RunConfig, model_dir: str) -> None:

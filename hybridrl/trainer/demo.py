@@ -7,7 +7,9 @@
 4. `demo: val/score BEFORE -> AFTER` (greedy accuracy on the test prompts, in percent), the metrics
    table and a plot.
 
-    python -m hybridrl.trainer.demo [--out DIR] [--sft-steps N] [key=value overrides...]
+    python -m hybridrl.trainer.demo [--out DIR] [--sft-steps N] [--config-name NAME] [key=value overrides...]
+
+--config-name dapo_demo runs DAPO (dynamic sampling, overlong buffer, clip-higher) instead of GRPO.
 """
 from __future__ import annotations
 
@@ -119,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="demo_out")
     parser.add_argument("--sft-steps", type=int, default=60)
     parser.add_argument("--keep", action="store_true", help="keep earlier checkpoints in --out (resume)")
+    parser.add_argument("--config-name", default="demo", help="demo (GRPO) or dapo_demo (DAPO), from configs/")
     args, overrides = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     out = os.path.abspath(args.out)
     if not args.keep and os.path.isdir(out):
@@ -129,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     from hybridrl.config.cli import load_run
     from hybridrl.trainer.ppo_trainer import run_ppo
 
-    _, run = load_run(["--config-name", "demo", f"data.train_files={train}", f"data.val_files={test}",
+    _, run = load_run(["--config-name", args.config_name, f"data.train_files={train}", f"data.val_files={test}",
                        f"actor_rollout_ref.model.path={model_dir}",
                        f"trainer.default_local_dir={os.path.join(out, 'checkpoints')}", *overrides])
     print(run.summary(), flush=True)

@@ -1,7 +1,9 @@
 """The PPO/GRPO loop. `fit` and `train_step` read as the algorithm; everything they call is named.
 
 One step:  prompts -> rollout (hybrid engine: sync weights, generate, sleep) -> reward
-           -> old log-probs (actor) -> ref log-probs -> values (critic) -> KL and advantages
+           [-> DAPO's dynamic sampling: more prompts until enough groups with signal (dynamic_sampling.py)]
+           -> old log-probs (actor; bypass_mode: the rollout's) -> ref log-probs -> values (critic)
+           -> KL in reward, rollout correction, advantages
            -> critic update (after critic_warmup) -> actor update -> validation / checkpoint / metrics
 """
 from __future__ import annotations
@@ -17,6 +19,7 @@ from hybridrl.utils.timing import timed
 
 from . import batch_ops as ops
 from .components import Components
+from .dynamic_sampling import Rollout
 from .metrics import compute_data_metrics, compute_throughput_metrics, compute_timing_metrics
 
 ACTOR_HEALTH = ("actor/pg_loss", "actor/grad_norm")
@@ -52,9 +55,9 @@ class PPOTrainer:
         if self.p.is_rank0:
             print(self.p.startup.summary(), flush=True)
         start = time.perf_counter()
-        for prompts in self.p.batches(self.global_step):
+        for rollout in self.p.rollouts(self.global_step, self.generate, self.score):
             self.global_step += 1
-            metrics = {**self.train_step(prompts, self.global_step), **startup}
+            metrics = {**self.train_step(rollout, self.global_step), **startup}
             startup = {}
             out_of_time = t.max_time_s is not None and time.perf_counter() - start > t.max_time_s
             last = self.global_step == self.p.total_steps or out_of_time
@@ -71,19 +74,13 @@ class PPOTrainer:
                 break
         return self.last_val
 
-    def train_step(self, prompts: DataProto, step: int) -> dict[str, float]:
-        timing: dict[str, float] = {}
-        metrics: dict[str, float] = {"training/global_step": step, "training/epoch": prompts.meta_info.get("epoch", 0)}
+    def train_step(self, rollout: Rollout, step: int) -> dict[str, float]:
+        timing = dict(rollout.timing)
+        metrics: dict[str, float] = {"training/global_step": step, "training/epoch": rollout.epoch, **rollout.metrics}
         with timed(timing, "step"):
-            with timed(timing, "gen"):
-                batch = self.generate(ops.add_group_ids(prompts), step, metrics)
-            with timed(timing, "reward"):
-                batch = self.score(batch, metrics)
-            batch = self.balance(batch, metrics)
+            batch = self.balance(rollout.batch, metrics)
             with timed(timing, "old_log_prob"):
-                batch = batch.union(self.actor.compute_log_prob(batch))
-                metrics.update(logprob_gap(batch.batch["rollout_log_probs"], batch.batch["old_log_probs"],
-                                           batch.batch["response_mask"]))
+                batch = self.old_log_probs(batch, metrics)
             if self.d.use_reference:
                 with timed(timing, "ref"):
                     batch = batch.union(self.actor.compute_ref_log_prob(batch))
@@ -98,6 +95,7 @@ class PPOTrainer:
             if step > self.cfg.trainer.critic_warmup:
                 with timed(timing, "update_actor"):
                     metrics.update(self.checked(self.actor.update_actor(batch), ACTOR_HEALTH, step))
+        timing["step"] += timing["gen"] + timing["reward"]
         metrics.update(compute_data_metrics(batch, self.d.use_critic))
         metrics.update(compute_timing_metrics(batch, timing))
         metrics.update(compute_throughput_metrics(batch, timing, self.d.world_size))
@@ -105,16 +103,27 @@ class PPOTrainer:
         return metrics
 
     # ------------------------------------------------------------------ steps
-    def generate(self, prompts: DataProto, step: int, metrics: dict[str, float]) -> DataProto:
-        prompts.meta_info.update(step=step, validate=False)
+    def generate(self, prompts: DataProto, step: int, draw: int = 0) -> DataProto:
+        """n samples per prompt; `draw` numbers the generation batches of one step (distinct seeds)."""
+        prompts = ops.add_group_ids(prompts)
+        prompts.meta_info.update(step=step, draw=draw, validate=False)
         out = self.actor.generate_sequences(prompts)
-        metrics.update({k if "/" in k else f"rollout/{k}": v for k, v in out.meta_info.pop("metrics", {}).items()})
+        out.meta_info["metrics"] = {k if "/" in k else f"rollout/{k}": v for k, v in out.meta_info["metrics"].items()}
         out.meta_info["temperature"] = self.cfg.actor_rollout_ref.rollout.temperature
         return out
 
-    def score(self, batch: DataProto, metrics: dict[str, float]) -> DataProto:
+    def score(self, batch: DataProto) -> DataProto:
         result = self.p.reward_fn(batch)
         return ops.with_scores(batch, result.reward_tensor, result.reward_extra_info)
+
+    def old_log_probs(self, batch: DataProto, metrics: dict[str, float]) -> DataProto:
+        if self.d.algorithm.bypass_mode:
+            return ops.rollout_log_probs_as_old(batch)
+        batch.meta_info["calculate_sum_pi_squared"] = self.d.algorithm.sum_pi_squared
+        batch = batch.union(self.actor.compute_log_prob(batch))
+        metrics.update(logprob_gap(batch.batch["rollout_log_probs"], batch.batch["old_log_probs"],
+                                   batch.batch["response_mask"]))
+        return batch
 
     def balance(self, batch: DataProto, metrics: dict[str, float]) -> DataProto:
         if not self.cfg.trainer.balance_batch:
@@ -127,6 +136,9 @@ class PPOTrainer:
         a = self.cfg.algorithm
         batch, kl_metrics = ops.rewards_with_kl(batch, a.use_kl_in_reward, self.p.kl_ctrl, a.kl_penalty)
         metrics.update(kl_metrics)
+        if self.p.rollout_correction is not None and not self.d.algorithm.bypass_mode:
+            batch, rc_metrics = ops.with_rollout_correction(batch, self.p.rollout_correction)
+            metrics.update(rc_metrics)
         baselines = self.p.remax_baselines(batch) if a.adv_estimator == "remax" else None
         return ops.advantages(batch, a.adv_estimator, self.p.adv_params, baselines)
 

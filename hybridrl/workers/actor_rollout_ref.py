@@ -117,7 +117,7 @@ class ActorRolloutRefWorker(Worker):
     # ------------------------------------------------------------------ rollout
     @register(ROLLOUT_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """n samples per prompt of this replica's prompts (meta_info: step, validate)."""
+        """n samples per prompt of this replica's prompts (meta_info: step, draw, validate)."""
         from hybridrl.hybrid.weight_sync import generate_sequences
         from hybridrl.rollout.sampling import sampling_from_config
 
@@ -125,7 +125,7 @@ class ActorRolloutRefWorker(Worker):
         validate = bool(prompts.meta_info.get("validate", False))
         where = self.plan.placement(self.rank)
         sampling = sampling_from_config(self.run.cfg.actor_rollout_ref.rollout, validate, step=step,
-                                        replica=where.replica)
+                                        replica=where.replica, draw=int(prompts.meta_info.get("draw", 0)))
         if prompts.meta_info.get("greedy"):  # ReMax baselines: one greedy sample per prompt
             sampling = sampling.with_(n=1, do_sample=False, temperature=0.0)
         self.sync_count += 1
@@ -137,8 +137,12 @@ class ActorRolloutRefWorker(Worker):
     # ------------------------------------------------------------------ training
     @register(Dispatch.MESH_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
+        """old_log_probs and entropys [B, R] (+ sum_pi_squared when meta_info calculate_sum_pi_squared is set)."""
         out = self.actor.compute_log_prob(data, calculate_entropy=True)
-        return DataProto.from_dict({"old_log_probs": out.batch["log_probs"], "entropys": out.batch["entropys"]})
+        keep = {"old_log_probs": out.batch["log_probs"], "entropys": out.batch["entropys"]}
+        if "sum_pi_squared" in out.batch:
+            keep["sum_pi_squared"] = out.batch["sum_pi_squared"]
+        return DataProto.from_dict(keep)
 
     @register(Dispatch.MESH_COMPUTE_PROTO)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:

@@ -1,8 +1,8 @@
 """megatron-core backend on CPU (gloo, fp32) in several tp/pp/vpp/dp layouts.
 
 One torchrun launch per layout runs all of that layout's checks (run_layout.py):
-  * parity: log-probs, entropy and raw logits vs transformers on the same weights (max abs diff
-    < 1e-4) for tiny random Llama (llama3 rope scaling, untied), Qwen2 (qkv bias, tied), Qwen3
+  * parity: log-probs, entropy, sum of squared probabilities (chunked, vocab-parallel) and raw logits vs
+    transformers on the same weights (max abs diff < 1e-4) for tiny random Llama (llama3 rope scaling, untied), Qwen2 (qkv bias, tied), Qwen3
     (q/k norm) and Mistral (sliding window) models with GQA and a vocab (1001) not divisible by tp;
     export_hf_weights gives back the HF tensors bitwise, and lets go of a bucket before gathering the next;
   * PPO: two actor updates (2 optimizer steps each, KL loss + entropy bonus) and two critic updates
@@ -74,7 +74,8 @@ def rel(a: float, b: float) -> float:
 
 def assert_parity(parity: dict, where: str) -> None:
     for model, r in parity.items():
-        for key in ("logp_max_diff", "entropy_max_diff", "logits_max_diff"):
+        for key in ("logp_max_diff", "entropy_max_diff", "logits_max_diff", "sum_pi_squared_max_diff",
+                    "sum_pi_squared_off_mask"):
             if key in r:
                 assert r[key] < PARITY_TOL, f"{where} {model}: {key}={r[key]}"
         assert r["export_mismatches"] == [], f"{where} {model}: export differs: {r['export_mismatches']}"

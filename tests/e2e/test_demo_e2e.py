@@ -1,5 +1,9 @@
 """The CPU demo through the real stack (Ray, megatron-core over gloo, torch engine) for 2 steps, then
-main_generation + main_eval on its checkpoint, cross-checked against the trainer's own validation."""
+main_generation + main_eval on its checkpoint, cross-checked against the trainer's own validation.
+
+The run is the DAPO demo (configs/dapo_demo.yaml: dynamic sampling, overlong buffer, clip-higher) with one of
+verl 0.9's newer estimators and losses on top: optimal_token_baseline (which makes the actor's log-prob pass
+return sum_pi_squared), cispo, token-level rollout IS weights and the straight-through k3+ KL loss."""
 from __future__ import annotations
 
 import json
@@ -24,8 +28,11 @@ def run(args: list[str], timeout: int = 600) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo")
-    proc = run(["-m", "hybridrl.trainer.demo", "--out", str(out), "--sft-steps", "20",
-                "trainer.total_training_steps=2", "trainer.test_freq=2", "trainer.save_freq=2"])
+    proc = run(["-m", "hybridrl.trainer.demo", "--out", str(out), "--sft-steps", "20", "--config-name", "dapo_demo",
+                "trainer.total_training_steps=2", "trainer.test_freq=2", "trainer.save_freq=2",
+                "algorithm.adv_estimator=optimal_token_baseline", "actor_rollout_ref.actor.policy_loss.loss_mode=cispo",
+                "algorithm.rollout_correction.rollout_is=token", "actor_rollout_ref.rollout.calculate_log_probs=true",
+                "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_loss_type=k3+"])
     rows = [json.loads(line) for line in open(out / "checkpoints" / "logs" / "metrics.jsonl")]
     return {"out": out, "stdout": proc.stdout, "rows": rows}
 
@@ -35,8 +42,13 @@ def test_two_steps_log_verl_metrics_and_end_with_the_demo_line(demo):
     train = [r for r in demo["rows"] if "critic/score/mean" in r]
     assert [r["step"] for r in train] == [1, 2]
     for key in ("actor/pg_loss", "actor/entropy", "actor/grad_norm", "actor/lr", "response_length/mean",
-                "timing_s/gen", "timing_s/update_actor", "perf/throughput", "actor/kl_loss"):
+                "timing_s/gen", "timing_s/update_actor", "perf/throughput", "actor/kl_loss", "actor/pg_clipfrac",
+                "rollout_corr/rollout_is_mean", "rollout_corr/k3_kl"):
         assert key in train[0], key
+    # dynamic sampling reports how many generation batches each step took; fp32 rollout == actor: IS weights 1
+    assert all(r["train/num_gen_batches"] >= 1 and 0 < r["train/kept_groups_fraction"] <= 1 for r in train)
+    assert abs(train[0]["rollout_corr/rollout_is_mean"] - 1) < 1e-5
+    assert "algorithm: adv_estimator=optimal_token_baseline loss_mode=cispo" in demo["stdout"]
     # one optimizer step per batch from the rollout policy itself: the first update's ratio is exactly 1
     assert abs(train[0]["actor/ppo_kl"]) < 1e-6
     # fp32 on CPU: the torch engine's log-probs equal the Megatron actor's recomputation
@@ -61,8 +73,10 @@ def test_generation_and_eval_on_the_demo_checkpoint(demo, tmp_path):
     assert len(rows) == 128 and all(len(r["responses"]) == 1 for r in rows)
     proc = run(["-m", "hybridrl.trainer.main_eval", f"data.path={greedy}"])
     result = json.load(open(greedy.replace(".parquet", ".eval.json")))["metrics"]
-    # the same weights decoded greedily on the same prompts: the trainer's last validation score
-    val = [r for r in demo["rows"] if "val/score" in r][-1]["val/score"]
+    # the same weights decoded greedily on the same prompts: the trainer's last validation score, whose rewards
+    # also carry the overlong buffer's penalty (main_eval scores without it)
+    last = [r for r in demo["rows"] if "val/score" in r][-1]
+    val = last["val/score"] - last["val-aux/arithmetic/overlong_reward/mean@1"]
     assert abs(result["test_score/arithmetic"] - val) <= 2 / 128, (result, val, proc.stdout)
 
     sampled = str(tmp_path / "sampled.parquet")

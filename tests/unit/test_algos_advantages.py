@@ -3,6 +3,7 @@
 References below loop over rows/tokens with Python floats and never call hybridrl code.
 """
 
+import dataclasses
 import math
 import statistics
 
@@ -218,36 +219,46 @@ def test_gae_random(gamma, lam, holes):
 
 # ============================================================== REINFORCE++
 def rfpp_ref(rewards, mask, gamma):
-    """G_t = sum of gamma^(k-t) r_k from t through the run of response tokens that follows t."""
+    """verl 0.9: G_t = sum over the row's response tokens k >= t of gamma^(response tokens in (t, k]) r_k; rewards
+    on masked-out positions are dropped, masked-out positions (padding, observation holes) store 0."""
     rets = []
     for r, m in zip(rewards, mask):
-        row = []
-        for t in range(len(r)):
-            end = t
-            while end + 1 < len(r) and m[end + 1]:
-                end += 1
-            row.append(sum(gamma ** (k - t) * r[k] for k in range(t, end + 1)))
+        resp = [t for t in range(len(r)) if m[t]]
+        row = [0.0] * len(r)
+        for j, t in enumerate(resp):
+            row[t] = sum(gamma ** (jj - j) * r[k] for jj, k in enumerate(resp) if jj >= j)
         rets.append(row)
     adv = [[a * m for a, m in zip(arow, mrow)] for arow, mrow in zip(whiten_ref(rets, mask), mask)]
     return adv, rets
 
 
 def test_rfpp_hand():
-    # gamma = 0.5: row0 rewards (0, 0, 4) all response -> G = (1, 2, 4); row1 (2, 0 | pad 9) -> G = (2, 0, 9)
-    # (the padded reward 9 is not carried into the response). Whitening over {1, 2, 4, 2, 0}:
+    # gamma = 0.5: row0 rewards (0, 0, 4) all response -> G = (1, 2, 4); row1 (2, 0 | pad 9) -> G = (2, 0, 0)
+    # (the padded reward 9 is dropped and returns are stored times the mask). Whitening over {1, 2, 4, 2, 0}:
     # mean 1.8, unbiased var (0.64 + 0.04 + 4.84 + 0.04 + 3.24) / 4 = 2.2
     rewards = torch.tensor([[0.0, 0.0, 4.0], [2.0, 0.0, 9.0]], dtype=T64)
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]], dtype=T64)
     adv, ret = compute_advantage("reinforce_plus_plus", AdvantageInputs(rewards, mask), AdvantageParams(gamma=0.5))
-    close(ret, [[1.0, 2.0, 4.0], [2.0, 0.0, 9.0]])
+    close(ret, [[1.0, 2.0, 4.0], [2.0, 0.0, 0.0]])
     s = math.sqrt(2.2 + 1e-8)
     close(adv, [[-0.8 / s, 0.2 / s, 2.2 / s], [0.2 / s, -1.8 / s, 0.0]])
+
+
+def test_rfpp_carries_the_return_through_an_observation_hole():
+    # multi-turn: rewards (1, 5, 0, 4), the second token is a tool observation (mask 0). gamma 0.5:
+    # G_3 = 4, G_2 = 0 + 0.5 * 4 = 2, the hole stores 0 and drops its reward, G_0 = 1 + 0.5 * G_2 = 2
+    rewards = torch.tensor([[1.0, 5.0, 0.0, 4.0], [3.0, 0.0, 0.0, 0.0]], dtype=T64)
+    mask = torch.tensor([[1.0, 0.0, 1.0, 1.0], [1.0, 0.0, 0.0, 0.0]], dtype=T64)
+    _, ret = compute_advantage("reinforce_plus_plus", AdvantageInputs(rewards, mask), AdvantageParams(gamma=0.5))
+    close(ret, [[2.0, 0.0, 2.0, 4.0], [3.0, 0.0, 0.0, 0.0]])
 
 
 @pytest.mark.parametrize("gamma", [1.0, 0.9])
 def test_rfpp_random(gamma):
     rewards, mask, _, _ = random_batch(15)
-    rewards = rewards + (1 - mask) * 3.0  # garbage rewards on padding must not leak into the response
+    mask[1, 2:4] = 0  # observation holes inside responses
+    mask[5, 1] = 0
+    rewards = rewards + (1 - mask) * 3.0  # garbage rewards off the mask must not leak into the response
     adv, ret = compute_advantage("reinforce_plus_plus", AdvantageInputs(rewards, mask), AdvantageParams(gamma=gamma))
     exp_adv, exp_ret = rfpp_ref(rewards.tolist(), mask.tolist(), gamma)
     close(ret, exp_ret)
@@ -322,15 +333,25 @@ def full_inputs():
     return AdvantageInputs(rewards, mask, values=values, index=INDEX, reward_baselines=baselines)
 
 
-@pytest.mark.parametrize(
-    "name", ["gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax"]
-)
-def test_every_builtin_estimator_contract(name):
-    assert name in ADVANTAGE_ESTIMATORS.names()
+def full_inputs_all():
     inputs = full_inputs()
+    g = torch.Generator().manual_seed(19)
+    B = len(LENGTHS)
+    old = -torch.rand(B, T, generator=g, dtype=T64) * 2
+    spsq = torch.rand(B, T, generator=g, dtype=T64)
+    comps = {"fmt": torch.randn(B, generator=g, dtype=T64), "acc": torch.randn(B, generator=g, dtype=T64)}
+    return dataclasses.replace(inputs, old_log_probs=old, sum_pi_squared=spsq, reward_components=comps)
+
+
+@pytest.mark.parametrize("name", sorted(n for n in ADVANTAGE_ESTIMATORS.names() if not n.startswith("test")))
+def test_every_builtin_estimator_contract(name):
+    inputs = full_inputs_all()
     rewards = inputs.token_level_rewards.clone().requires_grad_(True)
-    inputs = AdvantageInputs(rewards, inputs.response_mask, inputs.values, inputs.index, inputs.reward_baselines)
-    adv, ret = compute_advantage(name, inputs, AdvantageParams(gamma=0.9, lam=0.8))
+    inputs = dataclasses.replace(inputs, token_level_rewards=rewards)
+    if name == "grpo_passk":  # needs >= 2 samples in every group
+        inputs = dataclasses.replace(inputs, index=np.array(["a", "b", "a", "b", "c", "c", "d", "d"], dtype=object))
+    params = AdvantageParams(gamma=0.9, lam=0.8, gdpo_reward_keys=("fmt", "acc"))
+    adv, ret = compute_advantage(name, inputs, params)
     assert adv.shape == ret.shape == rewards.shape
     assert adv.dtype == ret.dtype == torch.float64
     assert not adv.requires_grad and not ret.requires_grad

@@ -11,6 +11,7 @@ from hybridrl.algos import (
     FixedKLController,
     apply_kl_penalty,
     build_kl_controller,
+    compute_rewards,
     kl_loss,
     kl_penalty,
 )
@@ -97,7 +98,49 @@ def test_kl_loss_aggregates():
 def test_unknown_kind_did_you_mean():
     with pytest.raises(ValueError, match="did you mean 'low_var_kl'") as err:
         kl_penalty(torch.zeros(1), torch.zeros(1), "low_var")
-    assert "abs, k1, k2, k3, kl, low_var_kl, mse" in str(err.value)
+    assert "abs, abs+, k1, k1+, k2, k2+, k3, k3+, kl, kl+, low_var_kl, low_var_kl+, mse, mse+" in str(err.value)
+
+
+def test_full_is_not_implemented_with_a_clear_message():
+    # verl raises NotImplementedError for 'full' (the whole vocabulary's KL): so do we, saying what to use instead
+    with pytest.raises(NotImplementedError, match="full vocabulary.*k3\\+"):
+        kl_penalty(torch.zeros(1), torch.zeros(1), "full")
+
+
+def k2_grad_ref(lp, ref):
+    """d/dlp of (lp - ref)^2 / 2."""
+    return lp - ref
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_straight_through_value_of_kind_gradient_of_k2(kind):
+    # verl 0.9's NAME+: the value of NAME, the gradient of k2 (an unbiased KL-gradient estimator)
+    g = torch.Generator().manual_seed(32)
+    lp0 = -torch.rand(3, 4, generator=g, dtype=T64) * 3
+    ref = lp0 + torch.randn(3, 4, generator=g, dtype=T64)
+    lp = lp0.clone().requires_grad_(True)
+    out = kl_penalty(lp, ref, kind + "+")
+    close(out, [[kl_ref(a, b, kind) for a, b in zip(ra, rb)] for ra, rb in zip(lp0.tolist(), ref.tolist())])
+    out.sum().backward()
+    close(lp.grad, [[k2_grad_ref(a, b) for a, b in zip(ra, rb)] for ra, rb in zip(lp0.tolist(), ref.tolist())])
+    if kind in ("kl", "k1"):
+        assert not torch.allclose(lp.grad, torch.ones_like(lp.grad))  # k1's own gradient would be 1
+
+
+def test_kl_loss_global_batch():
+    lp = torch.tensor([[-1.0, -1.0], [-1.0, -1.0]], dtype=T64)
+    ref = torch.tensor([[-2.0, -1.5], [-3.0, 0.0]], dtype=T64)
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]], dtype=T64)
+    # k1 sum 3.5 over 10 global tokens on 2 ranks
+    close(kl_loss(lp, ref, mask, "k1", "token-mean", dp_size=2, batch_num_tokens=10), 2 * 3.5 / 10)
+
+
+def test_compute_rewards():
+    # verl's compute_rewards: scores - kl_ratio * (old - ref), k1 on every position (no mask)
+    scores = torch.tensor([[0.0, 1.0]], dtype=T64)
+    old = torch.tensor([[-1.0, -2.0]], dtype=T64)
+    ref = torch.tensor([[-1.5, -1.0]], dtype=T64)
+    close(compute_rewards(scores, old, ref, 0.1), [[-0.05, 1.1]])
 
 
 # ============================================================== controllers

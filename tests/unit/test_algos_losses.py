@@ -1,4 +1,4 @@
-"""Policy losses (vanilla PPO with clip-higher/dual-clip, GSPO), TIS, value and entropy losses.
+"""Policy losses (vanilla PPO with clip-higher/dual-clip, GSPO), IS weights, value and entropy losses.
 
 References are plain-Python per-token loops in float64 that never call hybridrl code.
 """
@@ -12,14 +12,23 @@ from hybridrl.algos import (
     GSPO_PARAMS,
     POLICY_LOSSES,
     PolicyLossParams,
+    RolloutCorrection,
     entropy_loss,
     entropy_loss_from_logits,
-    tis_weights,
+    rollout_correction,
     value_loss,
 )
 
 T64 = torch.float64
-AGG_MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+AGG_MODES = ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+
+
+def loss(name, old, new, adv, mask, params=None, mode=None, weights=None):
+    """Call a registered loss the way verl calls its losses (keywords); returns (pg_loss, metrics)."""
+    kwargs = {} if mode is None else {"loss_agg_mode": mode}
+    out = POLICY_LOSSES.get(name)(old_log_prob=old, log_prob=new, advantages=adv, response_mask=mask,
+                                  config=params or PolicyLossParams(), rollout_is_weights=weights, **kwargs)
+    return out.pg_loss, {k.split("/")[-1]: v for k, v in out.metrics.items()}
 
 
 def close(actual, expected, rtol=1e-6, atol=1e-7):
@@ -33,14 +42,17 @@ def ragged(lengths, T):
 
 
 def agg_ref(loss, mask, mode):
+    """verl 0.9.1's agg_loss without global-batch arguments (rows without a valid token do not count)."""
     B, T = len(loss), len(loss[0])
     sums = [sum(loss[i][t] for t in range(T) if mask[i][t]) for i in range(B)]
     cnts = [sum(1 for t in range(T) if mask[i][t]) for i in range(B)]
+    rows = sum(1 for c in cnts if c)
     return {
         "token-mean": lambda: sum(sums) / sum(cnts),
-        "seq-mean-token-sum": lambda: sum(sums) / B,
-        "seq-mean-token-mean": lambda: sum(s / c for s, c in zip(sums, cnts) if c) / B,
-        "seq-mean-token-sum-norm": lambda: sum(sums) / T,
+        "token-sum": lambda: sum(sums),
+        "seq-mean-token-sum": lambda: sum(sums) / rows,
+        "seq-mean-token-mean": lambda: sum(s / c for s, c in zip(sums, cnts) if c) / rows,
+        "seq-mean-token-sum-norm": lambda: sum(sums) / rows / T,
     }[mode]()
 
 
@@ -49,7 +61,7 @@ def mean_over_mask(x, mask):
     return sum(vals) / len(vals)
 
 
-LENGTHS, T = [1, 6, 2, 6, 4, 1], 6
+LENGTHS, T = [1, 6, 2, 0, 6, 4, 1], 6  # ragged, with a row that has no response token
 
 
 def random_policy_batch(seed, spread=0.4):
@@ -112,14 +124,14 @@ def test_vanilla_hand_clip_higher_and_dual_clip():
     old = torch.full((1, 5), -1.0, dtype=T64)
     new = (old + ratios.log()).requires_grad_(True)
     params = PolicyLossParams(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0)
-    out = POLICY_LOSSES.get("vanilla")(old, new, adv, torch.ones(1, 5, dtype=T64), params, "token-mean")
-    close(out.pg_loss, 0.084)
-    close(out.pg_clipfrac, 0.4)
-    close(out.pg_clipfrac_lower, 0.2)
-    close(out.ppo_kl, -math.log(2.8875) / 5)
-    out.pg_loss.backward()
+    pg_loss, m = loss("vanilla", old, new, adv, torch.ones(1, 5, dtype=T64), params, "token-mean")
+    close(pg_loss, 0.084)
+    close(m["pg_clipfrac"], 0.4)
+    close(m["pg_clipfrac_lower"], 0.2)
+    close(m["ppo_kl"], -math.log(2.8875) / 5)
+    pg_loss.backward()
     close(new.grad, [[-1.1 / 5, 0.0, 0.0, 0.0, -1.0 / 5]])
-    assert set(out.metrics()) == {"actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower"}
+    assert set(m) == {"pg_clipfrac", "ppo_kl", "pg_clipfrac_lower"}
 
 
 def test_vanilla_clip_higher_bound_is_asymmetric():
@@ -128,55 +140,43 @@ def test_vanilla_clip_higher_bound_is_asymmetric():
     adv = torch.ones(1, 1, dtype=T64)
     for high, expect_grad in [(0.28, -1.25), (0.2, 0.0)]:
         new = torch.full((1, 1), math.log(1.25), dtype=T64, requires_grad=True)
-        out = POLICY_LOSSES.get("vanilla")(
-            old, new, adv, torch.ones(1, 1), PolicyLossParams(clip_ratio=0.2, clip_ratio_high=high)
-        )
-        out.pg_loss.backward()
+        pg_loss, _ = loss("vanilla", old, new, adv, torch.ones(1, 1), PolicyLossParams(clip_ratio=0.2, clip_ratio_high=high))
+        pg_loss.backward()
         close(new.grad, [[expect_grad]])
-        close(out.pg_loss, -min(1.25, 1 + high))
+        close(pg_loss, -min(1.25, 1 + high))
 
 
 @pytest.mark.parametrize("mode", AGG_MODES)
 @pytest.mark.parametrize("low,high,c", [(0.2, 0.2, 3.0), (0.2, 0.28, 2.0), (0.1, 0.5, 1.5)])
 def test_vanilla_random(mode, low, high, c):
-    old, new, adv, mask = random_policy_batch(20, spread=1.0)
+    old, new, adv, mask = random_policy_batch(21, spread=1.0)
     new = new + (1 - mask) * 50.0  # padding garbage must not count
     params = PolicyLossParams(clip_ratio_low=low, clip_ratio_high=high, clip_ratio_c=c)
-    out = POLICY_LOSSES.get("vanilla")(old, new, adv, mask, params, mode)
+    pg_loss, m = loss("vanilla", old, new, adv, mask, params, mode)
     exp = vanilla_ref(old.tolist(), new.tolist(), adv.tolist(), mask.tolist(), low, high, c, mode)
-    close(out.pg_loss, exp[0])
-    close(out.pg_clipfrac, exp[1])
-    close(out.ppo_kl, exp[2])
-    close(out.pg_clipfrac_lower, exp[3])
+    close(pg_loss, exp[0])
+    close(m["pg_clipfrac"], exp[1])
+    close(m["ppo_kl"], exp[2])
+    close(m["pg_clipfrac_lower"], exp[3])
     assert 0 < exp[1] < 1 and exp[3] > 0  # the batch really exercises both clips
 
 
-def test_vanilla_with_tis_weights():
+def test_vanilla_with_token_is_weights():
     old, new, adv, mask = random_policy_batch(21)
     g = torch.Generator().manual_seed(22)
     rollout = old + torch.randn(old.shape, generator=g, dtype=T64) * 0.7
-    w = tis_weights(old, rollout, cap=1.5)
-    # reference weights: min(exp(old - rollout), cap)
-    exp_w = [
-        [min(math.exp(o - r), 1.5) for o, r in zip(orow, rrow)] for orow, rrow in zip(old.tolist(), rollout.tolist())
-    ]
+    spec = RolloutCorrection(rollout_is="token", rollout_is_threshold=1.5)  # = the old tis_imp_ratio_cap=1.5
+    w = rollout_correction(old, rollout, mask, spec).weights
+    # reference weights: min(exp(old - rollout), cap) on response tokens, 0 elsewhere
+    exp_w = [[min(math.exp(o - r), 1.5) * mm for o, r, mm in zip(orow, rrow, mrow)]
+             for orow, rrow, mrow in zip(old.tolist(), rollout.tolist(), mask.tolist())]
     close(w, exp_w)
-    assert (w <= 1.5).all() and (w == 1.5).any() and (w < 1.0).any()
-    params = PolicyLossParams()
-    out = POLICY_LOSSES.get("vanilla")(
-        old, new.requires_grad_(True), adv, mask, params, "token-mean", rollout_is_weights=w
-    )
+    assert (w <= 1.5).all() and (w == 1.5).any() and ((w < 1.0) & (mask > 0)).any()
+    pg_loss, _ = loss("vanilla", old, new.requires_grad_(True), adv, mask, PolicyLossParams(), "token-mean", weights=w)
     exp = vanilla_ref(old.tolist(), new.tolist(), adv.tolist(), mask.tolist(), 0.2, 0.2, 3.0, "token-mean", exp_w)
-    close(out.pg_loss, exp[0])
-    out.pg_loss.backward()
+    close(pg_loss, exp[0])
+    pg_loss.backward()
     assert not w.requires_grad
-
-
-def test_tis_weights_are_detached_and_validate_cap():
-    old = torch.zeros(2, 2, requires_grad=True)
-    assert not tis_weights(old, torch.zeros(2, 2), 2.0).requires_grad
-    with pytest.raises(ValueError, match="tis_imp_ratio_cap"):
-        tis_weights(old, old, 0.0)
 
 
 def test_policy_params_validation():
@@ -186,9 +186,9 @@ def test_policy_params_validation():
 
 
 # ============================================================== GSPO
-def gspo_ref(old, new, adv, mask, low, high):
-    """Per row: s_i = exp(mean over response tokens of (new - old)); token loss max(-A s, -A clip(s));
-    seq-mean-token-mean."""
+def gspo_ref(old, new, adv, mask, low, high, mode="seq-mean-token-mean"):
+    """Per row: s_i = exp(mean over response tokens of (new - old)); token loss max(-A s, -A clip(s)),
+    aggregated with `mode`."""
     losses, clip = [], []
     for i in range(len(old)):
         resp = [t for t in range(len(old[i])) if mask[i][t]]
@@ -202,7 +202,7 @@ def gspo_ref(old, new, adv, mask, low, high):
         losses.append(lrow)
         clip.append(crow)
     kl = [[o - n for o, n in zip(orow, nrow)] for orow, nrow in zip(old, new)]
-    return agg_ref(losses, mask, "seq-mean-token-mean"), mean_over_mask(clip, mask), mean_over_mask(kl, mask)
+    return agg_ref(losses, mask, mode), mean_over_mask(clip, mask), mean_over_mask(kl, mask)
 
 
 def test_gspo_hand():
@@ -214,21 +214,23 @@ def test_gspo_hand():
     old = torch.zeros(3, 2, dtype=T64)
     new = torch.tensor([[math.log(2), math.log(0.5)], [math.log(1.0002), 0], [math.log(1.001), 0]], dtype=T64)
     mask = torch.tensor([[1, 1], [1, 0], [1, 0]], dtype=T64)
-    out = POLICY_LOSSES.get("gspo")(old, new, torch.ones(3, 2, dtype=T64), mask, GSPO_PARAMS)
-    close(out.pg_loss, -1.0002)
-    close(out.pg_clipfrac, 0.25)
-    close(out.ppo_kl, -(math.log(1.0002) + math.log(1.001)) / 4)
-    close(out.pg_clipfrac_lower, 0.0)
+    pg_loss, m = loss("gspo", old, new, torch.ones(3, 2, dtype=T64), mask, GSPO_PARAMS)
+    close(pg_loss, -1.0002)
+    close(m["pg_clipfrac"], 0.25)
+    close(m["ppo_kl"], -(math.log(1.0002) + math.log(1.001)) / 4)
+    close(m["pg_clipfrac_lower"], 0.0)
 
 
+@pytest.mark.parametrize("mode", AGG_MODES)
 @pytest.mark.parametrize("low,high", [(3e-4, 4e-4), (0.05, 0.08)])
-def test_gspo_random(low, high):
+def test_gspo_random_honours_loss_agg_mode(low, high, mode):
+    # verl 0.9.1 aggregates GSPO with the mode it is given (the old code forced seq-mean-token-mean)
     old, new, adv, mask = random_policy_batch(23, spread=0.05)
-    out = POLICY_LOSSES.get("gspo")(old, new, adv, mask, PolicyLossParams(clip_ratio_low=low, clip_ratio_high=high))
-    exp = gspo_ref(old.tolist(), new.tolist(), adv.tolist(), mask.tolist(), low, high)
-    close(out.pg_loss, exp[0])
-    close(out.pg_clipfrac, exp[1])
-    close(out.ppo_kl, exp[2])
+    pg_loss, m = loss("gspo", old, new, adv, mask, PolicyLossParams(clip_ratio_low=low, clip_ratio_high=high), mode)
+    exp = gspo_ref(old.tolist(), new.tolist(), adv.tolist(), mask.tolist(), low, high, mode)
+    close(pg_loss, exp[0])
+    close(m["pg_clipfrac"], exp[1])
+    close(m["ppo_kl"], exp[2])
 
 
 def test_gspo_gradient_equals_sequence_ratio_gradient():
@@ -242,14 +244,16 @@ def test_gspo_gradient_equals_sequence_ratio_gradient():
     wide = PolicyLossParams(clip_ratio_low=0.99, clip_ratio_high=100.0)
 
     new_a = new.clone().requires_grad_(True)
-    POLICY_LOSSES.get("gspo")(old, new_a, adv, mask, wide).pg_loss.backward()
+    loss("gspo", old, new_a, adv, mask, wide)[0].backward()
 
     new_b = new.clone().requires_grad_(True)
     total = 0
-    for i, n in enumerate(LENGTHS):
+    rows = [i for i, n in enumerate(LENGTHS) if n]
+    for i in rows:
+        n = LENGTHS[i]
         log_s = sum(new_b[i, t] - old[i, t] for t in range(n)) / n
         total = total + -seq_adv[i] * torch.exp(log_s)
-    (total / len(LENGTHS)).backward()
+    (total / len(rows)).backward()
     close(new_a.grad, new_b.grad, rtol=1e-7, atol=1e-12)  # 1e-8 eps in the token-mean
     assert (new_a.grad[mask == 0] == 0).all()
 
@@ -259,19 +263,9 @@ def test_gspo_clipped_sequence_gets_no_gradient():
     old = torch.zeros(2, 2, dtype=T64)
     new = torch.tensor([[0.1, 0.1], [0.01, 0.0]], dtype=T64, requires_grad=True)
     mask = torch.tensor([[1, 1], [1, 0]], dtype=T64)
-    out = POLICY_LOSSES.get("gspo")(old, new, torch.ones(2, 2, dtype=T64), mask, PolicyLossParams(clip_ratio=0.05))
-    out.pg_loss.backward()
+    loss("gspo", old, new, torch.ones(2, 2, dtype=T64), mask, PolicyLossParams(clip_ratio=0.05))[0].backward()
     # row1: d/dlogp of -(1/B) * exp(logp) at one token = -(1/2) * e^0.01
     close(new.grad, [[0.0, 0.0], [-0.5 * math.exp(0.01), 0.0]])
-
-
-def test_gspo_forces_sequence_aggregation():
-    old, new, adv, mask = random_policy_batch(26, spread=0.05)
-    params = PolicyLossParams(clip_ratio=0.05)
-    ref = POLICY_LOSSES.get("gspo")(old, new, adv, mask, params).pg_loss
-    with pytest.warns(UserWarning, match="seq-mean-token-mean"):
-        other = POLICY_LOSSES.get("gspo")(old, new, adv, mask, params, "token-mean").pg_loss
-    close(other, ref)
 
 
 # ============================================================== value loss

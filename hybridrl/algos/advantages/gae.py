@@ -13,10 +13,11 @@ from __future__ import annotations
 import torch
 
 from ..torch_functional import masked_whiten
-from .base import ADVANTAGE_ESTIMATORS, AdvantageInputs, AdvantageOutput, AdvantageParams
+from .base import ADVANTAGE_ESTIMATORS, AdvantageInputs, AdvantageOutput, AdvantageParams, needs
 
 
 @ADVANTAGE_ESTIMATORS.register("gae")
+@needs("values")
 def gae(inputs: AdvantageInputs, params: AdvantageParams) -> AdvantageOutput:
     """advantages, returns: [B, T]. Needs `values`."""
     values = inputs.require("values", "gae")

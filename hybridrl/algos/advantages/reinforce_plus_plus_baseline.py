@@ -8,10 +8,11 @@ and zeroed off the mask. Returns = advantages.
 from __future__ import annotations
 
 from ..torch_functional import masked_whiten
-from .base import ADVANTAGE_ESTIMATORS, AdvantageInputs, AdvantageOutput, AdvantageParams, group_stats
+from .base import ADVANTAGE_ESTIMATORS, AdvantageInputs, AdvantageOutput, AdvantageParams, group_stats, needs
 
 
 @ADVANTAGE_ESTIMATORS.register("reinforce_plus_plus_baseline")
+@needs("index")
 def reinforce_plus_plus_baseline(inputs: AdvantageInputs, params: AdvantageParams) -> AdvantageOutput:
     """advantages = returns: [B, T]. Needs `index`."""
     index = inputs.require("index", "reinforce_plus_plus_baseline")

@@ -6,10 +6,11 @@ advantages = returns - reward_baseline on response tokens (no whitening).
 
 from __future__ import annotations
 
-from .base import ADVANTAGE_ESTIMATORS, AdvantageInputs, AdvantageOutput, AdvantageParams
+from .base import ADVANTAGE_ESTIMATORS, AdvantageInputs, AdvantageOutput, AdvantageParams, needs
 
 
 @ADVANTAGE_ESTIMATORS.register("remax")
+@needs("reward_baselines")
 def remax(inputs: AdvantageInputs, params: AdvantageParams) -> AdvantageOutput:
     """advantages, returns: [B, T]. Needs `reward_baselines` [B]."""
     baselines = inputs.require("reward_baselines", "remax")

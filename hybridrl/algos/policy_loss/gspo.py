@@ -4,24 +4,20 @@ s_i = exp(mean over row i's response tokens of (log_prob - old_log_prob)), the g
 the token ratios. Each token uses s_i,t = sg[s_i] * pi(y_t) / sg[pi(y_t)], i.e. in log space
 sg[log s_i] + log_prob - sg[log_prob] (clamped at 10): its value is s_i, and the gradient of a
 sequence-level advantage through it equals the gradient of the sequence objective A_i * s_i.
-Loss per token: max(-A * s, -A * clip(s, 1 - low, 1 + high)), times rollout_is_weights if given.
-
-As in verl, the loss is always aggregated with seq-mean-token-mean (a sequence-level objective);
-another `loss_agg_mode` is overridden with a warning. Use GSPO_PARAMS for verl's clip range.
+Loss per token: max(-A * s, -A * clip(s, 1 - low, 1 + high)), times rollout_is_weights if given,
+aggregated with loss_agg_mode as verl 0.9 does (the paper's sequence-level objective is
+seq-mean-token-mean, the default when no mode is passed). Use GSPO_PARAMS for verl's clip range.
 """
 
 from __future__ import annotations
 
-import warnings
 from typing import Optional
 
 import torch
 
-from ..agg import agg_loss
 from ..torch_functional import masked_mean, masked_sum
-from .base import POLICY_LOSSES, PolicyLossOutput, PolicyLossParams
+from .base import POLICY_LOSSES, PolicyLossOutput, PolicyLossParams, aggregate, ppo_kl
 
-GSPO_AGG_MODE = "seq-mean-token-mean"
 LOG_RATIO_MAX = 10.0
 
 
@@ -31,16 +27,12 @@ def gspo(
     log_prob: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
-    params: PolicyLossParams,
-    loss_agg_mode: str = GSPO_AGG_MODE,
+    loss_agg_mode: str = "seq-mean-token-mean",
+    config: Optional[PolicyLossParams] = None,
     rollout_is_weights: Optional[torch.Tensor] = None,
 ) -> PolicyLossOutput:
     """All inputs [B, T]; gradient flows through `log_prob` only. pg_clipfrac_lower is always 0."""
-    if loss_agg_mode != GSPO_AGG_MODE:
-        warnings.warn(
-            f"policy loss 'gspo' aggregates with {GSPO_AGG_MODE!r} (as verl); loss_agg_mode={loss_agg_mode!r} is ignored",
-            stacklevel=2,
-        )
+    params = config or PolicyLossParams()
     log_ratio = log_prob - old_log_prob  # [B, T]
     lengths = response_mask.to(log_prob.dtype).sum(dim=-1).clamp(min=1)  # [B]
     seq_log_ratio = masked_sum(log_ratio, response_mask, axis=-1) / lengths  # [B]
@@ -52,9 +44,8 @@ def gspo(
     if rollout_is_weights is not None:
         pg_losses = pg_losses * rollout_is_weights
     dtype = log_prob.dtype
-    return PolicyLossOutput(
-        pg_loss=agg_loss(pg_losses, response_mask, GSPO_AGG_MODE),
-        pg_clipfrac=masked_mean(torch.gt(clipped, unclipped).to(dtype), response_mask).detach(),
-        ppo_kl=masked_mean(-log_ratio, response_mask).detach(),
-        pg_clipfrac_lower=torch.zeros((), dtype=dtype, device=log_prob.device),
-    )
+    return PolicyLossOutput(aggregate(pg_losses, response_mask, loss_agg_mode, params), {
+        "actor/pg_clipfrac": masked_mean(torch.gt(clipped, unclipped).to(dtype), response_mask).detach(),
+        "actor/ppo_kl": ppo_kl(log_ratio, response_mask),
+        "actor/pg_clipfrac_lower": torch.zeros((), dtype=dtype, device=log_prob.device),
+    })

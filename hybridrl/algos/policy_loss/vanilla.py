@@ -4,6 +4,7 @@ Per token, with r = exp(clamp(log_prob - old_log_prob, -20, 20)):
   L1 = -A * r,  L2 = -A * clip(r, 1 - low, 1 + high),  L = max(L1, L2)
   for A < 0 additionally L = min(L, -A * clip_ratio_c)   (bounds the loss of a very large r)
 then L *= rollout_is_weights (if given) and L is aggregated over the mask with loss_agg_mode.
+Metrics: pg_clipfrac (L2 > L1), ppo_kl, pg_clipfrac_lower (dual-clip active).
 """
 
 from __future__ import annotations
@@ -12,9 +13,8 @@ from typing import Optional
 
 import torch
 
-from ..agg import agg_loss
 from ..torch_functional import masked_mean
-from .base import POLICY_LOSSES, PolicyLossOutput, PolicyLossParams
+from .base import POLICY_LOSSES, PolicyLossOutput, PolicyLossParams, aggregate, ppo_kl
 
 LOG_RATIO_CLAMP = 20.0
 
@@ -25,11 +25,12 @@ def vanilla(
     log_prob: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
-    params: PolicyLossParams,
     loss_agg_mode: str = "token-mean",
+    config: Optional[PolicyLossParams] = None,
     rollout_is_weights: Optional[torch.Tensor] = None,
 ) -> PolicyLossOutput:
     """All inputs [B, T]; gradient flows through `log_prob` only."""
+    params = config or PolicyLossParams()
     log_ratio = torch.clamp(log_prob - old_log_prob, min=-LOG_RATIO_CLAMP, max=LOG_RATIO_CLAMP)
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
@@ -41,9 +42,9 @@ def vanilla(
     if rollout_is_weights is not None:
         pg_losses = pg_losses * rollout_is_weights
     dtype = log_prob.dtype
-    return PolicyLossOutput(
-        pg_loss=agg_loss(pg_losses, response_mask, loss_agg_mode, params.loss_scale_factor),
-        pg_clipfrac=masked_mean(torch.gt(clipped, unclipped).to(dtype), response_mask).detach(),
-        ppo_kl=masked_mean(-log_ratio, response_mask).detach(),
-        pg_clipfrac_lower=masked_mean((torch.gt(ppo_clip, dual_bound) & negative).to(dtype), response_mask).detach(),
-    )
+    return PolicyLossOutput(aggregate(pg_losses, response_mask, loss_agg_mode, params), {
+        "actor/pg_clipfrac": masked_mean(torch.gt(clipped, unclipped).to(dtype), response_mask).detach(),
+        "actor/ppo_kl": ppo_kl(log_ratio, response_mask),
+        "actor/pg_clipfrac_lower": masked_mean((torch.gt(ppo_clip, dual_bound) & negative).to(dtype),
+                                               response_mask).detach(),
+    })

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from .algorithm import RolloutCorrectionConfig
 from .common import CheckpointConfig, CustomClsConfig, MegatronConfig, OptimConfig, doc, follow_actor_layout, link
 
 
@@ -23,12 +24,17 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class PolicyLossConfig:
-    loss_mode: str = doc("Registered policy loss: vanilla | gspo | a user-registered name.", "vanilla")
-    clip_cov_ratio: float = 0.0002
-    clip_cov_lb: float = 1.0
-    clip_cov_ub: float = 5.0
-    kl_cov_ratio: float = 0.0002
-    ppo_kl_coef: float = 0.1
+    loss_mode: str = doc("A registered policy loss (docs/algorithms.md lists them): vanilla, gspo, cispo, ...",
+                         "vanilla")
+    clip_cov_ratio: float = doc("clip_cov: fraction of tokens whose gradient is stopped.", 0.0002)
+    clip_cov_lb: float = doc("clip_cov: covariance lower bound of the candidates.", 1.0)
+    clip_cov_ub: float = doc("clip_cov: covariance upper bound of the candidates.", 5.0)
+    kl_cov_ratio: float = doc("kl_cov: fraction of tokens that get the KL penalty.", 0.0002)
+    ppo_kl_coef: float = doc("kl_cov: coefficient of |log ratio| on those tokens.", 0.1)
+    dro_beta: Optional[float] = doc("dro: quadratic log-ratio penalty (required for loss_mode=dro).", None)
+    rollout_correction: RolloutCorrectionConfig = doc("Follows algorithm.rollout_correction in a job config (set it "
+                                                      "there); off in an ActorConfig built by hand.",
+                                                      factory=RolloutCorrectionConfig)
 
 
 @dataclass(frozen=True)
@@ -44,15 +50,24 @@ class ActorConfig:
     clip_ratio_high: Optional[float] = doc("Upper clip (clip-higher); null: clip_ratio.", None)
     clip_ratio_c: float = doc("Dual-clip bound for negative advantages (> 1).", 3.0)
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
-    loss_agg_mode: str = "token-mean"
+    loss_agg_mode: str = doc("token-mean | token-sum | seq-mean-token-sum | seq-mean-token-mean | "
+                             "seq-mean-token-sum-norm", "token-mean")
+    loss_scale_factor: Optional[float] = doc("seq-mean-token-sum-norm's constant horizon (null: the response length).",
+                                             None)
     entropy_coeff: float = 0.0
+    tau_pos: float = doc("sapo: gate temperature for positive advantages.", 1.0)
+    tau_neg: float = doc("sapo: gate temperature for negative advantages.", 1.05)
+    calculate_sum_pi_squared: bool = doc("Return sum of squared token probabilities from the old-log-prob pass "
+                                         "(on by itself for the optimal-token-baseline estimators).", False)
     use_kl_loss: bool = False
     use_torch_compile: bool = True
     kl_loss_coef: float = 0.001
-    kl_loss_type: str = "low_var_kl"
+    kl_loss_type: str = doc("KL estimator of the KL loss (as algorithm.kl_penalty; NAME+ is straight-through).",
+                            "low_var_kl")
     ppo_epochs: int = 1
     shuffle: bool = False
-    tis_imp_ratio_cap: float = doc("Truncated importance sampling cap with the rollout log-probs (<= 0: off).", -1.0)
+    tis_imp_ratio_cap: float = doc("Older key: C > 0 means algorithm.rollout_correction.rollout_is=token with "
+                                   "rollout_is_threshold=C (<= 0: off).", -1.0)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     megatron: MegatronConfig = field(default_factory=MegatronConfig)

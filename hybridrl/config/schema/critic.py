@@ -38,6 +38,8 @@ class CriticConfig:
     shuffle: bool = link("actor_rollout_ref.actor.shuffle")
     cliprange_value: float = 0.5
     loss_agg_mode: str = link("actor_rollout_ref.actor.loss_agg_mode")
+    loss_scale_factor: Optional[float] = doc("seq-mean-token-sum-norm's constant horizon (null: the response length).",
+                                             None)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     nccl_timeout: int = 600
     load_weight: bool = True
@@ -53,6 +55,18 @@ class RewardModelModelConfig:
 
 
 @dataclass(frozen=True)
+class OverlongBufferConfig:
+    """DAPO's soft overlong punishment of responses near data.max_response_length."""
+
+    enable: bool = doc("Subtract a length penalty from the score of responses longer than "
+                       "max_response_length - len.", False)
+    len: int = doc("Buffer length L: the penalty grows linearly from 0 at max_response_length - L to "
+                   "penalty_factor at max_response_length.", 0)
+    penalty_factor: float = doc("Penalty at the full response length.", 1.0)
+    log: bool = doc("Report overlong_reward and overlong per sample among the reward extras.", False)
+
+
+@dataclass(frozen=True)
 class RewardModelConfig:
     enable: bool = doc("A model-based reward (not supported yet: rule and custom rewards are).", False)
     enable_resource_pool: bool = False
@@ -65,11 +79,13 @@ class RewardModelConfig:
     max_length: Optional[int] = None
     use_dynamic_bsz: bool = link("critic.use_dynamic_bsz")
     forward_max_token_len_per_gpu: int = link("critic.forward_max_token_len_per_gpu")
-    reward_manager: str = doc("naive | batch | a user-registered manager.", "naive")
+    reward_manager: str = doc("naive | batch | dapo (naive, with a number's score also reported as acc) | a "
+                              "user-registered manager.", "naive")
     launch_reward_fn_async: bool = False
     megatron: MegatronConfig = field(default_factory=lambda: MegatronConfig(use_distributed_optimizer=False))
     load_weight: bool = True
     reward_kwargs: dict[str, Any] = field(default_factory=dict)
+    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
 
 
 @dataclass(frozen=True)

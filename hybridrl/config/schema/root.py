@@ -3,12 +3,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .actor import ActorConfig, ModelConfig, RefConfig
-from .algorithm import AlgorithmConfig
+from .actor import ActorConfig, ModelConfig, PolicyLossConfig, RefConfig
+from .algorithm import AlgorithmConfig, RolloutCorrectionConfig
+from .common import Link
 from .critic import CriticConfig, CustomRewardFunctionConfig, RewardModelConfig
 from .data import DataConfig
 from .rollout import RolloutConfig
 from .trainer import RayKwargsConfig, TrainerConfig
+
+
+def _actor_following_algorithm() -> ActorConfig:
+    """verl hands algorithm.rollout_correction to the loss as actor.policy_loss.rollout_correction: in a job config
+    the latter follows the former (validation rejects a different setting)."""
+    links = {k: Link(f"algorithm.rollout_correction.{k}") for k in RolloutCorrectionConfig.__dataclass_fields__}
+    return ActorConfig(policy_loss=PolicyLossConfig(rollout_correction=RolloutCorrectionConfig(**links)))
 
 
 @dataclass(frozen=True)
@@ -16,7 +24,7 @@ class ActorRolloutRefConfig:
     hybrid_engine: bool = True
     nccl_timeout: int = 600
     model: ModelConfig = field(default_factory=ModelConfig)
-    actor: ActorConfig = field(default_factory=ActorConfig)
+    actor: ActorConfig = field(default_factory=_actor_following_algorithm)
     ref: RefConfig = field(default_factory=RefConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
 

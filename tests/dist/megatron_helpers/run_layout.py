@@ -62,12 +62,19 @@ def check_parity(args, layout, name: str) -> dict:
     ref_cfg = RefConfig(megatron=megatron_cfg(args, False), log_prob_micro_batch_size_per_gpu=3,
                         log_prob_use_dynamic_bsz=False, log_prob_max_token_len_per_gpu=4096)
     actor = MegatronActor.reference(ModelConfig(path=path), ref_cfg, layout, micro_batch=3)
-    out = actor.compute_log_prob(DataProto.from_dict(batch, meta_info={"temperature": temperature}),
-                                 calculate_entropy=True)
+    from hybridrl.adapters.megatron import forward
+
+    forward.CHUNK_TOKENS = 5  # several chunks per micro-batch (and a ragged last one): the chunking is exercised
+    meta = {"temperature": temperature, "calculate_sum_pi_squared": True}
+    out = actor.compute_log_prob(DataProto.from_dict(batch, meta_info=meta), calculate_entropy=True)
     mask = batch["response_mask"].bool()
+    # sum of squared probabilities in float64 from the transformers logits (raw: the sampling temperature applies)
+    probs = torch.softmax(ref["logits"].double() / temperature, dim=-1)
     res = {
         "logp_max_diff": float((out.batch["log_probs"] - ref["log_probs"])[mask].abs().max()),
         "entropy_max_diff": float((out.batch["entropys"] - ref["entropy"])[mask].abs().max()),
+        "sum_pi_squared_max_diff": float((out.batch["sum_pi_squared"].double() - probs.square().sum(-1))[mask].abs().max()),
+        "sum_pi_squared_off_mask": float(out.batch["sum_pi_squared"][~mask].abs().max()),
     }
     # Raw logits at the response positions, gathered over tp here (the test only; the adapter never does).
     mbs = micro_batches(DataProto.from_dict(batch), [], 3, None, actor._mb_multiple())
