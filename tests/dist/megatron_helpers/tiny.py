@@ -17,9 +17,22 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen2": ("Qwen2Config", dict(tie_word_embeddings=True)),
     "qwen3": ("Qwen3Config", dict(tie_word_embeddings=False, head_dim=24)),
     "mistral": ("MistralConfig", dict(tie_word_embeddings=False, sliding_window=6)),
+    # Mixture of experts: 8 experts, top-2 / top-3, softmax-then-top-k (qwen3_moe) and renormalised top-k
+    # (qwen2_moe with norm_topk_prob, mixtral), qwen2_moe's gated shared expert and qkv bias.
+    "qwen3_moe": ("Qwen3MoeConfig", dict(tie_word_embeddings=False, head_dim=24, num_experts=8, num_experts_per_tok=2,
+                                         moe_intermediate_size=40, norm_topk_prob=False)),
+    "qwen2_moe": ("Qwen2MoeConfig", dict(tie_word_embeddings=False, num_experts=8, num_experts_per_tok=3,
+                                         moe_intermediate_size=40, shared_expert_intermediate_size=56,
+                                         norm_topk_prob=True)),
+    "mixtral": ("MixtralConfig", dict(tie_word_embeddings=False, num_local_experts=8, num_experts_per_tok=2,
+                                      intermediate_size=48)),
 }
 MODEL_CLASSES = {"LlamaConfig": "LlamaForCausalLM", "Qwen2Config": "Qwen2ForCausalLM",
-                 "Qwen3Config": "Qwen3ForCausalLM", "MistralConfig": "MistralForCausalLM"}
+                 "Qwen3Config": "Qwen3ForCausalLM", "MistralConfig": "MistralForCausalLM",
+                 "Qwen3MoeConfig": "Qwen3MoeForCausalLM", "Qwen2MoeConfig": "Qwen2MoeForCausalLM",
+                 "MixtralConfig": "MixtralForCausalLM"}
+MOE = ("qwen3_moe", "qwen2_moe", "mixtral")
+DENSE = tuple(n for n in CONFIGS if n not in MOE)
 
 
 def make_model(name: str, folder: str, seed: int = 0, num_layers: int = 4) -> str:
@@ -27,16 +40,18 @@ def make_model(name: str, folder: str, seed: int = 0, num_layers: int = 4) -> st
     import transformers
 
     cfg_cls, extra = CONFIGS[name]
-    cfg = getattr(transformers, cfg_cls)(
+    cfg = getattr(transformers, cfg_cls)(**{**dict(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=112, num_hidden_layers=num_layers,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6,
-        bos_token_id=1, eos_token_id=2, pad_token_id=0, **extra)
+        bos_token_id=1, eos_token_id=2, pad_token_id=0), **extra})
     torch.manual_seed(seed)
     model = getattr(transformers, MODEL_CLASSES[cfg_cls])(cfg).float().eval()
     with torch.no_grad():  # random norms and biases so that their mapping matters
         for n, p in model.named_parameters():
             if "norm" in n or n.endswith(".bias"):
                 p.add_(torch.randn_like(p) * 0.1)
+            if n.endswith("mlp.gate.weight") or n.endswith("shared_expert_gate.weight"):
+                p.normal_(0.0, 0.3)  # decisive routing: HF's 0.02 init leaves near-ties between experts
     path = os.path.join(folder, name)
     model.save_pretrained(path)
     return path
