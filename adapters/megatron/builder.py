@@ -207,6 +207,7 @@ def build_model(arch: ModelArch, layout: ParallelLayout, *, value_head: bool = F
             vp_stage=stage,
         )
         _apply_llama3_rope(model, arch)
+        moe.prepare(model)
         if value_head and post:
             model.output_layer = ValueHead(arch.hidden_size, config.params_dtype, init_std, seed,
                                            config.sequence_parallel)

@@ -171,6 +171,32 @@ def _install_rng_tracker() -> None:
         mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
 
 
+def _backward_in_mode(func: Any, args: tuple, kwargs: dict) -> None:
+    """torch.autograd.backward with the mode on. A mode is off while its own handler runs, so calling
+    `func` would run every autograd Function's backward without it; the MoE dispatcher's all-to-all
+    allocates on "cuda" in its backward. This is backward's own body, entered below the dispatch."""
+    from torch.autograd import _make_grads, _tensor_or_tensors_to_tuple
+    from torch.autograd.graph import _engine_run_backward
+
+    if func is torch.Tensor.backward:  # (self, gradient, retain_graph, create_graph, inputs)
+        names = ("tensors", "grad_tensors", "retain_graph", "create_graph", "inputs")
+        kwargs = {("grad_tensors" if k == "gradient" else k): v for k, v in kwargs.items()}
+        kwargs.update(zip(names, args))
+        args = ()
+    bound = dict(zip(("tensors", "grad_tensors", "retain_graph", "create_graph", "inputs"), args), **kwargs)
+    tensors = bound["tensors"]
+    tensors = (tensors,) if isinstance(tensors, torch.Tensor) else tuple(tensors)
+    create_graph = bool(bound.get("create_graph") or False)
+    retain_graph = bound.get("retain_graph")
+    inputs = bound.get("inputs")
+    inputs = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs or ())
+    with _CudaToCpu():
+        grads = _make_grads(tensors, _tensor_or_tensors_to_tuple(bound.get("grad_tensors"), len(tensors)),
+                            is_grads_batched=False)
+        _engine_run_backward(tensors, grads, create_graph if retain_graph is None else retain_graph, create_graph,
+                             inputs, allow_unreachable=True, accumulate_grad=True)
+
+
 def _uneven(tensors: list[torch.Tensor]) -> bool:
     return len({t.shape[0] for t in tensors}) > 1
 
@@ -273,6 +299,8 @@ class _CudaToCpu(TorchFunctionMode):
             return args[0]
         if func is torch.distributed.all_gather and _uneven(args[0] if args else kwargs["tensor_list"]):
             return _padded_all_gather(*args, **kwargs)
+        if func is torch.autograd.backward or func is torch.Tensor.backward:
+            return _backward_in_mode(func, args, kwargs)
         if func is torch.Tensor.type and len(args) == 1 and not kwargs:
             name = func(*args)
             return _CUDA_TYPE_NAMES.get(name, name)

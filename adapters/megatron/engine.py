@@ -20,6 +20,7 @@ import torch.distributed as dist
 from hybridrl.config.schema.common import OptimConfig
 from hybridrl.config.validate import ParallelLayout
 
+from . import moe
 from .builder import unwrap, wrap_ddp
 from .forward import MicroBatch
 
@@ -38,6 +39,7 @@ class Engine:
         self.optimizer = self.scheduler = None
         self.optim = optim
         self.optimizer_steps = 0  # applied updates (restored from checkpoints: see checkpoint.py)
+        self.router_losses: dict[str, float] = {}  # MoE: the last train_step's router losses (moe.py)
         if optim is None:
             for c in chunks:
                 c.requires_grad_(False)
@@ -51,16 +53,23 @@ class Engine:
         self.config.grad_scale_func = self.optimizer.scale_loss
 
     # ---------------------------------------------------------------------------------- schedules
-    def run(self, micro_batches: list[MicroBatch], loss_fn: LossFn, forward_only: bool) -> list[dict[str, torch.Tensor]]:
+    def run(self, micro_batches: list[MicroBatch], loss_fn: LossFn, forward_only: bool,
+            router_weights: Optional[moe.RouterLossWeights] = None) -> list[dict[str, torch.Tensor]]:
         """Forward (and backward) over all micro-batches with megatron's schedule (1F1B under PP).
 
         Returns the loss_fn metrics per micro-batch on the last pipeline stage, [] elsewhere.
         """
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
+        routed = {"padding_mask": None} if moe.is_moe(self.config) else {}
+
         def step(data_iterator, model):
             mb = next(data_iterator)
-            out = model(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=None)
+            if routed:  # MoE: padding tokens are routed but do not count in the router losses
+                routed["padding_mask"] = mb.padding_mask
+                if router_weights is not None:
+                    router_weights.weigh(mb)
+            out = model(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=None, **routed)
             return out, functools.partial(_loss, mb)
 
         def _loss(mb, out):
@@ -83,12 +92,21 @@ class Engine:
             )
 
     def train_step(self, micro_batches: list[MicroBatch], loss_fn: LossFn) -> tuple[list[dict], float, bool]:
-        """One optimizer step over `micro_batches`: (per-micro-batch metrics, grad norm, applied?)."""
+        """One optimizer step over `micro_batches`: (per-micro-batch metrics, grad norm, applied?).
+
+        MoE models: the router losses of the step are in `self.router_losses` (moe.router_loss_values)."""
         assert self.optimizer is not None, "train_step on a role built without an optimizer (reference)"
         for c in self.chunks:
             c.zero_grad_buffer()
         self.optimizer.zero_grad()
-        metrics = self.run(micro_batches, loss_fn, forward_only=False)
+        if moe.is_moe(self.config):
+            moe.clear_router_losses()
+            tokens = sum_over_dp([sum(float((~mb.padding_mask).sum()) for mb in micro_batches)])[0]
+            with moe.RouterLossWeights(self.config, tokens) as weights:
+                metrics = self.run(micro_batches, loss_fn, forward_only=False, router_weights=weights)
+            self.router_losses = moe.router_loss_values(self.config, len(micro_batches))
+        else:
+            metrics = self.run(micro_batches, loss_fn, forward_only=False)
         grad_norm, applied = optimizer_step(self.optimizer, self.optim.clip_grad)
         self.optimizer_steps += int(applied)
         return metrics, grad_norm, applied

@@ -10,19 +10,20 @@ topk_routing_with_score_function):
   qwen2_moe's shared expert: a dense MLP whose output is scaled by sigmoid(x . w_gate) -> megatron's
       SharedExpertMLP with moe_shared_expert_gate=True (the same sigmoid gate, weight [1, h]).
 
-Router losses: megatron attaches the load-balancing loss (moe_aux_loss_coeff) and the z-loss
-(moe_z_loss_coeff) to the router's activations. With calculate_per_token_loss (engine.py) it multiplies each
-micro-batch's loss by its token count and expects finalize_model_grads to divide every gradient by the
-mini-batch's token count; our finalize does not divide (the policy loss is already weighted), so
-`router_loss_scale` divides the two coefficients by that count for the duration of one optimizer step:
-the router losses then weigh in as megatron's token-weighted mean over micro-batches and dp ranks.
-Both losses depend on which tokens share a micro-batch (they are products of batch means), so they are
-the same across layouts only for the same micro-batches. Padding tokens are excluded (padding_mask).
+Router losses (moe_aux_loss_coeff: load balancing, moe_z_loss_coeff: z-loss) follow our loss contract
+(engine.py): micro-batch mb of an optimizer step whose micro-batches hold N valid (non-padding) tokens in
+all, on all dp ranks, adds  (n_mb / N) * coeff * loss_mb,  the token weighting of the policy loss, so the
+update is the same in every layout for the same micro-batches (the router losses are products of batch
+means: they change when other tokens share a micro-batch). megatron computes, per rank, the load-balancing
+loss as this rank's share of the micro-batch's (sequence-parallel ranks sum to it) and the z-loss as
+coeff / tp * mean over this rank's n_r tokens. So the routers attach them unscaled
+(calculate_per_token_loss=False on each router: its token scaling assumes a division we never do) and
+`RouterLossWeights` sets the coefficients before each micro-batch's forward: c * n_mb / N for load
+balancing, c * tp * n_r / N for the z-loss.
 """
 from __future__ import annotations
 
-import contextlib
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
@@ -60,20 +61,53 @@ def is_moe(config: Any) -> bool:
     return getattr(config, "num_moe_experts", None) is not None
 
 
-@contextlib.contextmanager
-def router_loss_scale(config: Any, tokens: float) -> Iterator[None]:
-    """Divide the router-loss coefficients by the optimizer step's token count (see the module docstring)."""
-    if not is_moe(config):
-        yield
-        return
-    saved = config.moe_aux_loss_coeff, config.moe_z_loss_coeff
-    scale = 1.0 / max(tokens, 1.0)
-    config.moe_aux_loss_coeff = _scaled(saved[0], scale)
-    config.moe_z_loss_coeff = None if saved[1] is None else saved[1] * scale
-    try:
-        yield
-    finally:
-        config.moe_aux_loss_coeff, config.moe_z_loss_coeff = saved
+def prepare(model: torch.nn.Module) -> None:
+    """After build: routers attach their losses unscaled (RouterLossWeights weighs them, module docstring),
+    and routed experts are expert-parallel parameters at every ep, ep=1 included. megatron marks them only
+    for ep > 1, and its optimizer then keeps their state in a second (chained) optimizer: the same
+    checkpoint would not load into another ep. Marked at ep=1 too, their gradients are reduced over the
+    expert data-parallel group, which is then the data-parallel group: the same sum."""
+    from megatron.core.transformer.moe.router import Router
+
+    for module in model.modules():
+        if isinstance(module, Router):
+            module.calculate_per_token_loss = False
+    for name, param in model.named_parameters():
+        if ".mlp.experts." in name:
+            param.allreduce = False
+
+
+class RouterLossWeights:
+    """The router-loss coefficients of each micro-batch of one optimizer step (module docstring).
+
+    `tokens`: valid tokens of the step's micro-batches on all dp ranks. Use as a context manager around
+    the step; `weigh(mb)` before each micro-batch's forward; the configured coefficients come back after.
+    """
+
+    def __init__(self, config: Any, tokens: float) -> None:
+        from megatron.core import parallel_state as ps
+
+        self.config = config
+        self.base = config.moe_aux_loss_coeff, config.moe_z_loss_coeff
+        self.tokens = max(float(tokens), 1.0)
+        self.tp = ps.get_tensor_model_parallel_world_size()
+        self.shard = ps.get_tensor_model_parallel_rank() if config.sequence_parallel else None
+
+    def weigh(self, mb: Any) -> None:
+        valid = ~mb.padding_mask  # [b, L]
+        aux, z = self.base
+        self.config.moe_aux_loss_coeff = _scaled(aux, float(valid.sum()) / self.tokens)
+        if z is not None:
+            if self.shard is not None:  # sequence parallel: this rank routes positions [r L/tp, (r+1) L/tp)
+                size = valid.shape[1] // self.tp
+                valid = valid[:, self.shard * size:(self.shard + 1) * size]
+            self.config.moe_z_loss_coeff = z * self.tp * float(valid.sum()) / self.tokens
+
+    def __enter__(self) -> "RouterLossWeights":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.config.moe_aux_loss_coeff, self.config.moe_z_loss_coeff = self.base
 
 
 def _scaled(coeff: Any, scale: float) -> Any:

@@ -106,8 +106,10 @@ class MegatronRole:
                 mbs = self._micro_batches(mini, keys, plan.micro_batch_per_gpu,
                                           plan.max_token_len_per_gpu if plan.use_dynamic_bsz else None)
                 per_micro, grad_norm, applied = self.engine.train_step(mbs, make_loss_fn(mini))
-                history.append(self._rank_metrics(per_micro, metric_names) + [grad_norm, float(applied)])
+                router = list(self.engine.router_losses.values())  # MoE models: load-balancing and z-loss
+                history.append(self._rank_metrics(per_micro, metric_names) + [grad_norm, float(applied)] + router)
         names = metric_names + [f"{self.role}/grad_norm", f"{self.role}/update_applied"]
+        names += [f"{self.role}/{k}" for k in self.engine.router_losses]
         out = {k: sum(h[i] for h in history) / len(history) for i, k in enumerate(names)}
         out[f"{self.role}/lr"] = self.engine.lr()
         return out

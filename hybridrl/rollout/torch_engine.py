@@ -5,6 +5,12 @@ the weights (fp32 on CPU by default), filled only by `load_weights` from the hyb
 never from a checkpoint. For tp_g > 1 it does not shard: every rank of a replica holds the full model
 and generates the same tokens (same seed), so the layout logic is exercised without a sharded kernel.
 
+Weights are named as in HF checkpoints (what the actor exports and vLLM loads). transformers >= 5 keeps a
+mixture-of-experts layer's experts as two 3-D parameters (gate_up_proj [E, 2f, h], down_proj [E, h, f]);
+checkpoints keep one gate/up/down per expert (and Mixtral's block_sparse_moe prefix): the engine names
+views of the 3-D parameters by their checkpoint names, so loading, checksums and the direct copy work
+per expert and write straight into the fused parameters.
+
 Generation: prompts are left-padded, so one batched prefill with the prompt's attention mask and
 explicit position ids fills a DynamicCache; the cache is then repeated n times (no re-prefill per
 sample) and each decode step feeds one token per active row. Finished rows are dropped from the
@@ -65,7 +71,7 @@ class TorchRolloutEngine(RolloutEngine):
         model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype, attn_implementation=attn_implementation)
         self.model = model.to(self.device).eval().requires_grad_(False)
         # remove_duplicate=False keeps tied aliases (lm_head.weight -> embed_tokens.weight) as names
-        self._params = dict(self.model.named_parameters(remove_duplicate=False))
+        self._params = checkpoint_weights(self.model, getattr(hf_config, "model_type", ""))
         self._canonical = _canonical_names(self._params)
         self._required = set(self._canonical.values())
         self._pending: set[str] = set()  # canonical names loaded since the last finished sync
@@ -233,6 +239,32 @@ class TorchRolloutEngine(RolloutEngine):
         if limit is not None and mask.shape[-1] + sampling.max_tokens > limit:
             raise ValueError(f"prompt length {mask.shape[-1]} + max_tokens {sampling.max_tokens} exceeds the model's "
                              f"max_position_embeddings={limit}; lower data.max_prompt_length / max_response_length")
+
+
+# Checkpoint names of one MoE layer's routed experts: (block, gate, up, down); the mapping's HF_EXPERT_NAMES.
+EXPERT_CHECKPOINT_NAMES = {"mixtral": ("block_sparse_moe", "w1", "w3", "w2")}
+EXPERT_DEFAULT = ("mlp", "gate_proj", "up_proj", "down_proj")
+
+
+def checkpoint_weights(model: torch.nn.Module, model_type: str) -> dict[str, torch.Tensor]:
+    """The model's weights by checkpoint name: parameters, and per-expert views of fused 3-D expert weights."""
+    block, gate, up, down = EXPERT_CHECKPOINT_NAMES.get(model_type, EXPERT_DEFAULT)
+    out: dict[str, torch.Tensor] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if block != "mlp":
+            name = name.replace(".mlp.", f".{block}.")
+        fused = name.endswith(".experts.gate_up_proj"), name.endswith(".experts.down_proj")
+        if p.dim() != 3 or not any(fused):
+            out[name] = p
+            continue
+        prefix = name.rsplit(".", 1)[0]
+        for e in range(p.shape[0]):
+            if fused[0]:  # [gate rows; up rows] per expert
+                f = p.shape[1] // 2
+                out[f"{prefix}.{e}.{gate}.weight"], out[f"{prefix}.{e}.{up}.weight"] = p[e, :f], p[e, f:]
+            else:
+                out[f"{prefix}.{e}.{down}.weight"] = p[e]
+    return out
 
 
 def _canonical_names(params: dict[str, torch.nn.Parameter]) -> dict[str, str]:
