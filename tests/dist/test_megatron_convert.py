@@ -141,10 +141,10 @@ def moe_model(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def moe_ckpt(moe_model, tmp_path_factory) -> str:
-    """Saved from tp=2 x pp=2 with the experts spread over ep=2 (etp=1): 4 processes."""
+    """Saved from tp=2 with the experts spread over ep=2 (etp=1) on the same 2 processes."""
     out = str(tmp_path_factory.mktemp("convert_moe") / "mcore")
     proc = launch.run([sys.executable, "-m", "hybridrl", "convert", "hf-to-mcore", "--hf-dir", moe_model, "--out", out,
-                       "--tp", "2", "--pp", "2", "--ep", "2", "--etp", "1"], CLI_TIMEOUT)
+                       "--tp", "2", "--ep", "2", "--etp", "1"], CLI_TIMEOUT)
     assert "ep rank 1" in proc.stdout
     return out
 
