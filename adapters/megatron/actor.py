@@ -24,6 +24,7 @@ from hybridrl.protocol import DataProto
 
 from .forward import MicroBatch, response_log_probs
 from .role import MegatronRole
+from .routing import Routing
 
 # Policy losses that aggregate with a fixed mode whatever loss_agg_mode says (verl's behaviour).
 FIXED_AGG = {"gspo": GSPO_AGG_MODE}
@@ -47,9 +48,12 @@ class MegatronActor(MegatronRole, ActorModel):
         self.batch = batch
         self.is_reference = actor is None
         megatron = ref.megatron if actor is None else actor.megatron
+        replay = actor is not None and actor.router_replay.mode == "R3"
         super().__init__(model.path, megatron, layout, optim=None if actor is None else actor.optim,
                          override_config=model.override_config, recompute=model.enable_gradient_checkpointing,
-                         load_weight=(ref or actor).load_weight, total_training_steps=total_training_steps)
+                         load_weight=(ref or actor).load_weight, total_training_steps=total_training_steps,
+                         transformer_overrides={"moe_enable_routing_replay": True} if replay else None)
+        self.routing = Routing(self.engine.chunks, replay) if self.arch.is_moe and actor is not None else None
         if actor is None:
             self._fwd_rows = ref_micro_batch or ref.log_prob_micro_batch_size_per_gpu
             self._fwd_tokens = ref.log_prob_max_token_len_per_gpu if ref.log_prob_use_dynamic_bsz else None
@@ -74,11 +78,15 @@ class MegatronActor(MegatronRole, ActorModel):
             metrics = {"log_probs": logp} if ent is None else {"log_probs": logp, "entropys": ent}
             return logp.new_zeros(()), metrics
 
-        results = self.engine.run(mbs, loss_fn, forward_only=True)
+        with self._routing(data, measure=True) as prepare:
+            results = self.engine.run(mbs, loss_fn, forward_only=True, prepare=prepare)
+            agreement = self._routing_session.result() if prepare is not None else None
         shape = tuple(data.batch["responses"].shape)
         out = {"log_probs": self._gather_rows(results, mbs, "log_probs", shape)}
         if calculate_entropy:
             out["entropys"] = self._gather_rows(results, mbs, "entropys", shape)
+        if agreement is not None:  # MoE with the rollout's routing: per response token, -1 where unknown
+            out["routing_agreement"] = agreement
         return DataProto.from_dict(out, meta_info={"temperature": temperature})
 
     # ---------------------------------------------------------------------------------- update

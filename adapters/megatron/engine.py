@@ -54,9 +54,10 @@ class Engine:
 
     # ---------------------------------------------------------------------------------- schedules
     def run(self, micro_batches: list[MicroBatch], loss_fn: LossFn, forward_only: bool,
-            router_weights: Optional[moe.RouterLossWeights] = None) -> list[dict[str, torch.Tensor]]:
+            prepare: Optional[Callable[[MicroBatch], None]] = None) -> list[dict[str, torch.Tensor]]:
         """Forward (and backward) over all micro-batches with megatron's schedule (1F1B under PP).
 
+        `prepare(mb)` runs before each micro-batch's forward on every stage (MoE: router-loss weights, replay).
         Returns the loss_fn metrics per micro-batch on the last pipeline stage, [] elsewhere.
         """
         from megatron.core.pipeline_parallel import get_forward_backward_func
@@ -67,8 +68,8 @@ class Engine:
             mb = next(data_iterator)
             if routed:  # MoE: padding tokens are routed but do not count in the router losses
                 routed["padding_mask"] = mb.padding_mask
-                if router_weights is not None:
-                    router_weights.weigh(mb)
+            if prepare is not None:
+                prepare(mb)
             out = model(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=None, **routed)
             return out, functools.partial(_loss, mb)
 
@@ -91,7 +92,8 @@ class Engine:
                 forward_only=forward_only,
             )
 
-    def train_step(self, micro_batches: list[MicroBatch], loss_fn: LossFn) -> tuple[list[dict], float, bool]:
+    def train_step(self, micro_batches: list[MicroBatch], loss_fn: LossFn,
+                   prepare: Optional[Callable[[MicroBatch], None]] = None) -> tuple[list[dict], float, bool]:
         """One optimizer step over `micro_batches`: (per-micro-batch metrics, grad norm, applied?).
 
         MoE models: the router losses of the step are in `self.router_losses` (moe.router_loss_values)."""
@@ -103,10 +105,10 @@ class Engine:
             moe.clear_router_losses()
             tokens = sum_over_dp([sum(float((~mb.padding_mask).sum()) for mb in micro_batches)])[0]
             with moe.RouterLossWeights(self.config, tokens) as weights:
-                metrics = self.run(micro_batches, loss_fn, forward_only=False, router_weights=weights)
+                metrics = self.run(micro_batches, loss_fn, forward_only=False, prepare=_both(weights.weigh, prepare))
             self.router_losses = moe.router_loss_values(self.config, len(micro_batches))
         else:
-            metrics = self.run(micro_batches, loss_fn, forward_only=False)
+            metrics = self.run(micro_batches, loss_fn, forward_only=False, prepare=prepare)
         grad_norm, applied = optimizer_step(self.optimizer, self.optim.clip_grad)
         self.optimizer_steps += int(applied)
         return metrics, grad_norm, applied
@@ -117,6 +119,10 @@ class Engine:
 
     def module(self, i: int = 0) -> torch.nn.Module:
         return unwrap(self.chunks[i])
+
+
+def _both(first: Callable[[MicroBatch], None], second: Optional[Callable[[MicroBatch], None]]):
+    return first if second is None else (lambda mb: (first(mb), second(mb)))
 
 
 class _nullcontext:

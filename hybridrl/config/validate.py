@@ -408,6 +408,17 @@ def _check_actor(cfg: PPOConfig, p: _Problems) -> None:
     p.check(actor.tis_imp_ratio_cap <= 0 or actor.tis_imp_ratio_cap >= 1,
             f"{key}.tis_imp_ratio_cap={actor.tis_imp_ratio_cap} must be >= 1 (or <= 0 to disable)")
     p.check(cfg.actor_rollout_ref.model.lora_rank == 0, f"{ARA}.model.lora_rank: LoRA is not supported yet; set it to 0")
+    replay = actor.router_replay.mode
+    _choices(f"{key}.router_replay.mode", replay, ["disabled", "R2", "R3"], p)
+    p.check(replay != "R2", f"{key}.router_replay.mode=R2 (replaying the actor's own old-log-prob routing) is not "
+                            "supported; use R3 (the rollout's routing) or disabled")
+    if replay == "R3":
+        p.check(cfg.actor_rollout_ref.rollout.enable_rollout_routing_replay,
+                f"{key}.router_replay.mode=R3 replays the rollout's expert choices: set "
+                f"{ARA}.rollout.enable_rollout_routing_replay=true")
+        p.check(not cfg.actor_rollout_ref.model.enable_gradient_checkpointing,
+                f"{key}.router_replay.mode=R3 with {ARA}.model.enable_gradient_checkpointing=true is not supported "
+                "(the recomputed forward would need the replayed routing again); turn one of them off")
     p.check(cfg.actor_rollout_ref.hybrid_engine, f"{ARA}.hybrid_engine=false: hybridrl always colocates rollout and training")
     for role, optim in ((f"{key}.optim", actor.optim), ("critic.optim", cfg.critic.optim)):
         p.check(optim.lr >= 0, f"{role}.lr={optim.lr} must be >= 0")

@@ -54,6 +54,7 @@ class VLLMRolloutEngine(RolloutEngine):
         trust_remote_code: bool = False,
         load_format: str = "dummy",
         engine_kwargs: Optional[dict[str, Any]] = None,
+        record_routing: bool = False,
     ) -> None:
         if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
             raise RuntimeError("VLLM_ENABLE_V1_MULTIPROCESSING must be 0 for the colocated engine (set before importing vllm)")
@@ -67,6 +68,9 @@ class VLLMRolloutEngine(RolloutEngine):
         # all-reduce maps tp ranks to CUDA_VISIBLE_DEVICES positions, which fails wherever a process does
         # not see its peers' GPUs (a Ray actor restricted to its own GPU, seen on 2 x H200).
         kwargs.setdefault("disable_custom_all_reduce", True)
+        if record_routing:  # MoE: every token's experts come back with each completion (vLLM >= 0.26)
+            kwargs["enable_return_routed_experts"] = True
+        self.record_routing = record_routing
         # Prompts arrive as token ids and responses leave as token ids: vLLM needs no tokenizer, and
         # without one it never detokenizes (EOS ids are passed as stop tokens explicitly instead).
         self.llm = LLM(
@@ -115,6 +119,7 @@ class VLLMRolloutEngine(RolloutEngine):
             seed=r.seed, pad_token_id=pad_token_id, eos_token_ids=eos_token_ids, trust_remote_code=trust_remote_code,
             load_format=load_format,
             engine_kwargs=dict((r.engine_kwargs or {}).get("vllm", {}) or {}),
+            record_routing=bool(getattr(r, "enable_rollout_routing_replay", False)),
         )
 
     # ------------------------------------------------------------------ generation
@@ -146,19 +151,25 @@ class VLLMRolloutEngine(RolloutEngine):
         outputs = self.llm.generate([{"prompt_token_ids": t} for t in token_lists], params, use_tqdm=False)
         responses: list[list[int]] = []
         logprobs: list[list[float]] = []
+        routes: list[Any] = []
         for out in outputs:
             if len(out.outputs) != sampling.n:
                 raise RuntimeError(f"vLLM returned {len(out.outputs)} samples for a prompt, expected n={sampling.n}")
             for comp in out.outputs:
                 toks = list(comp.token_ids)
                 responses.append(toks)
+                routes.append(getattr(comp, "routed_experts", None))
                 if sampling.logprobs and comp.logprobs is not None:
                     logprobs.append([step[t].logprob for step, t in zip(comp.logprobs, toks)])
                 else:
                     logprobs.append([0.0] * len(toks))
+        routed = None
+        if self.record_routing:
+            lengths = [len(t) for t in token_lists for _ in range(sampling.n)]
+            routed = routing_tensor(routes, lengths, ids.shape[1], sampling.max_tokens)
         return assemble_rollout(
             prompts, responses, logprobs, n=sampling.n, max_tokens=sampling.max_tokens,
-            pad_token_id=self.pad_token_id,
+            pad_token_id=self.pad_token_id, routed_experts=routed,
         )
 
     # ------------------------------------------------------------------ weights
@@ -209,6 +220,25 @@ class VLLMRolloutEngine(RolloutEngine):
     def memory(self) -> EngineMemory:
         free, total = torch.cuda.mem_get_info()
         return EngineMemory(extra={"device_free_bytes": free, "device_total_bytes": total})
+
+
+def routing_tensor(routes: Sequence[Any], prompt_lengths: Sequence[int], prompt_width: int,
+                   max_tokens: int) -> torch.Tensor:
+    """vLLM's per-completion routed experts ([prompt + generated - 1 tokens, layers, k] arrays: the last sampled
+    token is never run) -> [rows, P + R, layers, k] int16 in the rollout layout (left-padded prompts), -1 where
+    unknown."""
+    shaped = [r for r in routes if r is not None]
+    if not shaped:
+        raise RuntimeError("vLLM returned no routed experts: is the model a mixture of experts? (set "
+                           "actor_rollout_ref.rollout.enable_rollout_routing_replay=false for dense models)")
+    layers, k = shaped[0].shape[1:]
+    out = torch.full((len(routes), prompt_width + max_tokens, layers, k), -1, dtype=torch.int16)
+    for row, (r, p) in enumerate(zip(routes, prompt_lengths)):
+        if r is None:
+            continue
+        r = torch.as_tensor(r, dtype=torch.int16)[: p + max_tokens]
+        out[row, prompt_width - p: prompt_width - p + r.shape[0]] = r
+    return out
 
 
 def _vllm_name(hf_name: str) -> tuple[str, int, int]:

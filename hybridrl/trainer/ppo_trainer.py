@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 
 from hybridrl.config import RunConfig
-from hybridrl.hybrid.checks import logprob_gap
+from hybridrl.hybrid.checks import logprob_gap, routing_agreement
 from hybridrl.protocol import DataProto
 from hybridrl.utils import logs
 
@@ -84,6 +84,7 @@ class PPOTrainer:
                 batch = batch.union(self.actor.compute_log_prob(batch))
                 metrics.update(logprob_gap(batch.batch["rollout_log_probs"], batch.batch["old_log_probs"],
                                            batch.batch["response_mask"]))
+                metrics.update(routing_agreement(batch.batch))  # MoE: rollout's experts vs the actor's
             if self.d.use_reference:
                 with timed(timing, "ref"):
                     batch = batch.union(self.actor.compute_ref_log_prob(batch))

@@ -122,7 +122,10 @@ class ActorRolloutRefWorker(Worker):
     @register(Dispatch.MESH_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
         out = self.actor.compute_log_prob(data, calculate_entropy=True)
-        return DataProto.from_dict({"old_log_probs": out.batch["log_probs"], "entropys": out.batch["entropys"]})
+        result = {"old_log_probs": out.batch["log_probs"], "entropys": out.batch["entropys"]}
+        if "routing_agreement" in out.batch:  # MoE with the rollout's routing (enable_rollout_routing_replay)
+            result["routing_agreement"] = out.batch["routing_agreement"]
+        return DataProto.from_dict(result)
 
     @register(Dispatch.MESH_COMPUTE_PROTO)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:

@@ -14,7 +14,9 @@ One torchrun launch per layout runs all of that layout's checks (run_layout.py):
     models, 8 experts; two PPO updates of the Qwen3-MoE actor with the load-balancing loss and z-loss on,
     in ep=2 and ep=2 x tp=2 (experts split over etp=2, sequence parallel), against the 1-process run:
     losses, grad norms, router-loss metrics, log-probs after the updates, and update 2 resumed from the
-    1-process checkpoint (ep=1 -> ep=2).
+    1-process checkpoint (ep=1 -> ep=2); routing against a rollout's (a quarter of its choices changed):
+    the agreement per response token and, with routing replay (R3), the log-probs of a transformers forward
+    forced to that routing, in one process and in ep=2 x tp=2.
 Virtual pipeline stages are checked for forward passes (parity, export) only: training with the
 interleaved schedule is rejected by the adapter (see role.py).
 """
@@ -58,7 +60,7 @@ LAYOUTS = {
     "dp2_dynamic_bsz": (2, ["--dynamic", "--max-tokens", "16", "--dist-opt", "0,1", "--tasks", "ppo"]),
     "tp2_pp2": (4, ["--tp", "2", "--pp", "2", "--micro", "2", "--dist-opt", "0,1", "--tasks", "parity,ppo"]),
     "ep2": (2, ["--ep", "2", "--dist-opt", "0,1", "--tasks", "parity,moe_ppo", "--parity-models", MOE]),
-    "ep2_tp2": (4, ["--ep", "2", "--tp", "2", "--sp", "--dist-opt", "1", "--tasks", "parity,moe_ppo",
+    "ep2_tp2": (4, ["--ep", "2", "--tp", "2", "--sp", "--dist-opt", "1", "--tasks", "parity,moe_ppo,routing",
                     "--parity-models", MOE]),
 }
 
@@ -68,6 +70,7 @@ def models(tmp_path_factory) -> str:
     folder = str(tmp_path_factory.mktemp("megatron_models"))
     for name in tiny.CONFIGS:
         tiny.save_references(tiny.make_model(name, folder))
+    tiny.save_routing_references(os.path.join(folder, "qwen3_moe"))
     return folder
 
 
@@ -77,7 +80,7 @@ def reference(models, tmp_path_factory) -> dict:
     out = str(tmp_path_factory.mktemp("layout_ref"))
     ckpt = os.path.join(out, "ckpt")
     launch.torchrun("run_layout.py", 1, ["--models", models, "--out", out, "--micro", "2", "--dist-opt", "0,1",
-                                         "--tasks", "parity,ppo,resume,moe_ppo", "--save-ckpt", ckpt,
+                                         "--tasks", "parity,ppo,resume,moe_ppo,routing", "--save-ckpt", ckpt,
                                          "--parity-models", ",".join(tiny.CONFIGS)], LAUNCH_TIMEOUT)
     result = launch.rank_results(out)[0]
     result["ckpt"] = ckpt
@@ -119,6 +122,20 @@ def test_distributed_optimizer_matches_plain_optimizer(reference):
     assert ppo["actor_do0"][0]["actor/update_applied"] == 1.0
 
 
+def assert_routing(routing: dict, where: str) -> None:
+    """Against transformers (tiny.save_routing_references): without replay the actor routes on its own (parity)
+    and its agreement with the changed rollout routing is exactly the unchanged fraction per response token;
+    with replay (R3) its log-probs are those of the forward forced to the rollout's routing."""
+    off, r3 = routing["disabled"], routing["R3"]
+    assert off["logp_max_diff"] < PARITY_TOL and r3["logp_max_diff"] < PARITY_TOL, f"{where}: {routing}"
+    assert off["agreement_max_diff"] == 0.0 and 0.6 < off["agreement_mean"] < 0.85, f"{where}: {off}"
+    assert r3["update"]["actor/update_applied"] == 1.0, where
+
+
+def test_moe_routing_agreement_and_replay_match_transformers(reference):
+    assert_routing(reference["routing"], "tp1")
+
+
 def test_moe_router_losses_are_reported_and_differ_between_updates(reference):
     steps = reference["moe_ppo"]["actor_do0"]
     for key in ("actor/moe_load_balancing_loss", "actor/moe_z_loss"):
@@ -157,6 +174,10 @@ def test_layout_matches_one_process_run(name, models, reference, tmp_path):
                 assert_same_rows(got, want[key], r, 1e-5, where)
         for key, got in r.get("moe_ppo", {}).items():
             assert_same_moe(key, got, reference["moe_ppo"], r, f"{where} moe {key}")
+        if "routing" in r:
+            assert_routing(r["routing"], where)
+            mine, theirs = r["routing"]["R3"]["update"], reference["routing"]["R3"]["update"]
+            assert_same_metrics(mine, theirs, MOE_KEYS, f"{where} update with routing replay")
 
 
 def assert_same_rows(got: list, want: list, rank: dict, tol: float, where: str) -> None:

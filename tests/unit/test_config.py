@@ -104,6 +104,10 @@ BAD = [
     (["trainer.n_gpus_per_node=4", "actor_rollout_ref.actor.megatron.expert_model_parallel_size=2",
       "actor_rollout_ref.ref.megatron.expert_model_parallel_size=4"],
      "actor_rollout_ref.ref.megatron.expert_model_parallel_size=4 differs"),
+    (["actor_rollout_ref.actor.router_replay.mode=R3"], "set actor_rollout_ref.rollout.enable_rollout_routing_replay=true"),
+    (["actor_rollout_ref.actor.router_replay.mode=R2"], "router_replay.mode=R2 (replaying the actor's own"),
+    (["actor_rollout_ref.actor.router_replay.mode=R3", "actor_rollout_ref.rollout.enable_rollout_routing_replay=true",
+      "actor_rollout_ref.model.enable_gradient_checkpointing=true"], "enable_gradient_checkpointing=true is not supported"),
 ]
 
 

@@ -9,6 +9,7 @@ Batching many checks into one launch keeps the CPU suite fast (start-up is ~5-11
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -230,6 +231,37 @@ def run_moe_ppo(args, layout) -> dict:
     return results
 
 
+def check_routing(args, layout) -> dict:
+    """A rollout's routing with a quarter of its choices changed (tiny.save_routing_references): the actor's
+    agreement with it per response token, its log-probs without replay (the model's own routing) and with
+    replay (R3: the changed routing), and one update with replay."""
+    from hybridrl.adapters.megatron.actor import MegatronActor
+    from hybridrl.config.schema.actor import RouterReplayConfig
+
+    path = os.path.join(args.models, "qwen3_moe")
+    ref, routing = torch.load(os.path.join(path, "refs.pt")), torch.load(os.path.join(path, "routing_refs.pt"))
+    batch = {**ref["batch"], "routed_experts": routing["routed_experts"]}
+    mask = batch["response_mask"].bool()
+    out = {}
+    for mode in ("disabled", "R3"):
+        cfg = dataclasses.replace(actor_cfgs(args, 4, False, True), router_replay=RouterReplayConfig(mode=mode))
+        plan = dataclasses.replace(batch_plan(layout, 4, False), mini_batch_per_dp=8 // layout.dp)
+        actor = MegatronActor(ModelConfig(path=path), cfg, layout, plan)
+        data = DataProto.from_dict(batch, meta_info={"temperature": ref["temperature"]})
+        got = actor.compute_log_prob(data)
+        want = ref["log_probs"] if mode == "disabled" else routing["replayed_log_probs"]
+        out[mode] = {"logp_max_diff": float((got.batch["log_probs"] - want)[mask].abs().max()),
+                     "agreement_max_diff": float((got.batch["routing_agreement"] - routing["agreement"]).abs().max()),
+                     "agreement_mean": float(got.batch["routing_agreement"][mask].mean())}
+        if mode == "R3":
+            info = parallel.dispatch_info()
+            rows = slice(info.dp_rank * 8 // info.dp_size, (info.dp_rank + 1) * 8 // info.dp_size)
+            train = DataProto.from_dict({k: v[rows] for k, v in {**batch, **tiny.ppo_inputs(batch)}.items()},
+                                        meta_info={"temperature": ref["temperature"]})
+            out[mode]["update"] = actor.update_policy(train)
+    return out
+
+
 def critic_cfg(args, micro: int, dynamic: bool, distributed_optimizer: bool) -> CriticConfig:
     optim = OptimConfig(lr=2e-3, weight_decay=0.0, clip_grad=0.5, lr_warmup_steps=0, total_training_steps=10)
     return CriticConfig(rollout_n=1, optim=optim, megatron=megatron_cfg(args, distributed_optimizer),
@@ -307,6 +339,10 @@ def main() -> None:
         t1 = time.time()
         out["moe_ppo"] = run_moe_ppo(args, layout)
         out["timings"]["moe_ppo"] = time.time() - t1
+    if "routing" in tasks:
+        t1 = time.time()
+        out["routing"] = check_routing(args, layout)
+        out["timings"]["routing"] = time.time() - t1
     if "resume" in tasks:
         t1 = time.time()
         out["resume"] = run_resume_same_layout(args, layout)

@@ -131,3 +131,50 @@ def save_tokenizer(path: str) -> None:
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
     fast.save_pretrained(path)
+
+
+def _routers(model: Any) -> list:
+    return [m for m in model.modules() if type(m).__name__.endswith("TopKRouter")]
+
+
+@torch.no_grad()
+def save_routing_references(path: str) -> None:
+    """For the routing checks: the parity batch with a rollout's routing in which a fixed quarter of the
+    (token, layer) choices were changed, the expected agreement per response token, and the log-probs of a
+    transformers forward forced to that routing (router weights gathered at the forced experts: softmax over
+    all experts, renormalised when norm_topk_prob) -> path/routing_refs.pt."""
+    model = load_hf(path)
+    refs = torch.load(os.path.join(path, "refs.pt"))
+    batch, temperature = refs["batch"], refs["temperature"]
+    seen: list[torch.Tensor] = []
+    hooks = [r.register_forward_hook(lambda m, i, o: seen.append(o[2])) for r in _routers(model)]
+    model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"])
+    for h in hooks:
+        h.remove()
+    B, T = batch["input_ids"].shape
+    routed = torch.stack([s.reshape(B, T, -1) for s in seen], dim=2)  # [B, T, layers, k]
+    g = torch.Generator().manual_seed(5)
+    changed = torch.rand(routed.shape[:3], generator=g) < 0.25  # [B, T, layers]
+    experts = model.config.num_experts
+    shifted = (routed + routed.shape[-1]) % experts  # k other experts (ids shifted by k): a different set
+    forced = torch.where(changed[..., None], shifted, routed)
+    mask = batch["attention_mask"].bool()
+    forced[~mask] = -1
+    R = batch["responses"].shape[1]
+    expected = 1.0 - changed[:, T - R:].double().mean(-1)  # response token j's own position is T - R + j
+    expected = torch.where(mask[:, T - R:], expected, torch.full_like(expected, -1.0))
+
+    def force(module, inputs, output, layer):
+        logits = output[0]
+        ids = forced.clamp(min=0)[:, :, layer].reshape(-1, forced.shape[-1]).long()
+        probs = torch.softmax(logits.float(), -1).gather(1, ids)
+        if getattr(module, "norm_topk_prob", False):
+            probs = probs / probs.sum(-1, keepdim=True)
+        return logits, probs.to(logits.dtype), ids
+
+    hooks = [r.register_forward_hook(lambda m, i, o, k=k: force(m, i, o, k)) for k, r in enumerate(_routers(model))]
+    logp, _ = hf_log_probs(model, batch, temperature)
+    for h in hooks:
+        h.remove()
+    torch.save({"routed_experts": forced.to(torch.int16), "agreement": expected.float(), "replayed_log_probs": logp},
+               os.path.join(path, "routing_refs.pt"))
