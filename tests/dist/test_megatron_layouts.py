@@ -11,7 +11,7 @@ One torchrun launch per layout runs all of that layout's checks (run_layout.py):
   * resume: update 2 from the 1-process run's checkpoint (saved after update 1) in this layout equals
     the uninterrupted update 2.
   * mixture of experts: parity (and the export) of tiny Qwen3-MoE, Qwen2-MoE (shared expert) and Mixtral
-    models, 8 experts; two PPO updates of the Qwen3-MoE actor with the load-balancing loss and z-loss on,
+    models, 8 experts, and their gradients against transformers' autograd; two PPO updates of the Qwen3-MoE actor with the load-balancing loss and z-loss on,
     in ep=2 and ep=2 x tp=2 (experts split over etp=2, sequence parallel), against the 1-process run:
     losses, grad norms, router-loss metrics, log-probs after the updates, and update 2 resumed from the
     1-process checkpoint (ep=1 -> ep=2); routing against a rollout's (a quarter of its choices changed):
@@ -71,6 +71,8 @@ def models(tmp_path_factory) -> str:
     for name in tiny.CONFIGS:
         tiny.save_references(tiny.make_model(name, folder))
     tiny.save_routing_references(os.path.join(folder, "qwen3_moe"))
+    for name in tiny.MOE:
+        tiny.save_grad_references(os.path.join(folder, name))
     return folder
 
 
@@ -80,7 +82,7 @@ def reference(models, tmp_path_factory) -> dict:
     out = str(tmp_path_factory.mktemp("layout_ref"))
     ckpt = os.path.join(out, "ckpt")
     launch.torchrun("run_layout.py", 1, ["--models", models, "--out", out, "--micro", "2", "--dist-opt", "0,1",
-                                         "--tasks", "parity,ppo,resume,moe_ppo,routing", "--save-ckpt", ckpt,
+                                         "--tasks", "parity,ppo,resume,moe_ppo,routing,moe_grad", "--save-ckpt", ckpt,
                                          "--parity-models", ",".join(tiny.CONFIGS)], LAUNCH_TIMEOUT)
     result = launch.rank_results(out)[0]
     result["ckpt"] = ckpt
@@ -130,6 +132,15 @@ def assert_routing(routing: dict, where: str) -> None:
     assert off["logp_max_diff"] < PARITY_TOL and r3["logp_max_diff"] < PARITY_TOL, f"{where}: {routing}"
     assert off["agreement_max_diff"] == 0.0 and 0.6 < off["agreement_mean"] < 0.85, f"{where}: {off}"
     assert r3["update"]["actor/update_applied"] == 1.0, where
+
+
+def test_moe_gradients_match_transformers_autograd(reference):
+    """Router (through the routing weights: softmax then top-k, or top-k renormalised), routed experts and the
+    shared expert with its sigmoid gate, for Qwen3-MoE, Qwen2-MoE and Mixtral (max |diff| / max |grad|)."""
+    for model, per_param in reference["moe_grad"].items():
+        assert len(per_param) >= 10, model
+        for name, diff in per_param.items():
+            assert diff < PARITY_TOL, f"{model} {name}: gradient differs from transformers by {diff} (relative)"
 
 
 def test_moe_routing_agreement_and_replay_match_transformers(reference):

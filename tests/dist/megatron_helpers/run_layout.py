@@ -262,6 +262,41 @@ def check_routing(args, layout) -> dict:
     return out
 
 
+def check_moe_grads(args, layout) -> dict:
+    """Gradients of L = sum over response tokens of w * log-prob (fixed random w), router losses off, against
+    transformers' autograd (tiny.save_grad_references) for the router, two routed experts and the shared
+    expert with its gate: max |diff| / max |want| per parameter (one process, one micro-batch)."""
+    from hybridrl.adapters.megatron.actor import MegatronActor
+    from hybridrl.adapters.megatron.forward import response_log_probs
+
+    out = {}
+    for name in tiny.MOE:
+        path = os.path.join(args.models, name)
+        ref, grads = torch.load(os.path.join(path, "refs.pt")), torch.load(os.path.join(path, "grad_refs.pt"))
+        batch = ref["batch"]
+        actor = MegatronActor(ModelConfig(path=path), actor_cfgs(args, 8, False, False, {"moe_aux_loss_coeff": 0.0}),
+                              layout, batch_plan(layout, 8, False))
+        mbs = actor._micro_batches(DataProto.from_dict(batch), [], 8, None)
+        weights = grads["weights"]
+
+        def loss_fn(logits, mb):
+            logp, _ = response_log_probs(logits, mb, tiny.VOCAB, ref["temperature"], with_entropy=False)
+            return (logp * weights[mb.rows]).sum(), {}
+
+        engine = actor.engine
+        for c in engine.chunks:
+            c.zero_grad_buffer()
+        engine.run(mbs, loss_fn, forward_only=False)
+        params = dict(engine.module().named_parameters())
+        out[name] = {}
+        for mcore, hf_name in grads["pairs"].items():
+            got = params[mcore].main_grad.float()
+            want = grads["grads"][hf_name]
+            scale = float(want.abs().max())  # an expert no token chose has zero gradients on both sides
+            out[name][hf_name] = float((got - want).abs().max()) / scale if scale > 0 else float(got.abs().max())
+    return out
+
+
 def critic_cfg(args, micro: int, dynamic: bool, distributed_optimizer: bool) -> CriticConfig:
     optim = OptimConfig(lr=2e-3, weight_decay=0.0, clip_grad=0.5, lr_warmup_steps=0, total_training_steps=10)
     return CriticConfig(rollout_n=1, optim=optim, megatron=megatron_cfg(args, distributed_optimizer),
@@ -339,6 +374,8 @@ def main() -> None:
         t1 = time.time()
         out["moe_ppo"] = run_moe_ppo(args, layout)
         out["timings"]["moe_ppo"] = time.time() - t1
+    if "moe_grad" in tasks:
+        out["moe_grad"] = check_moe_grads(args, layout)
     if "routing" in tasks:
         t1 = time.time()
         out["routing"] = check_routing(args, layout)

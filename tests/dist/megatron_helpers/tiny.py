@@ -178,3 +178,37 @@ def save_routing_references(path: str) -> None:
         h.remove()
     torch.save({"routed_experts": forced.to(torch.int16), "agreement": expected.float(), "replayed_log_probs": logp},
                os.path.join(path, "routing_refs.pt"))
+
+
+def save_grad_references(path: str) -> None:
+    """For the MoE gradient check: d/dθ of sum over response tokens of w * log-prob (w fixed, random) on the parity
+    batch, by transformers' autograd, for the router, experts 1 and 6 and the shared expert with its gate, keyed
+    by megatron parameter name (tp=1, ep=1) -> path/grad_refs.pt."""
+    model = load_hf(path)
+    refs = torch.load(os.path.join(path, "refs.pt"))
+    batch, temperature = refs["batch"], refs["temperature"]
+    weights = torch.randn(batch["responses"].shape, generator=torch.Generator().manual_seed(9))
+    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                position_ids=batch["position_ids"]).logits.float()
+    R = batch["responses"].shape[1]
+    logp = torch.log_softmax(out[:, -R - 1:-1] / temperature, -1).gather(-1, batch["responses"][..., None])[..., 0]
+    (logp * batch["response_mask"] * weights).sum().backward()
+    block = "block_sparse_moe" if model.config.model_type == "mixtral" else "mlp"
+    grads, pairs = {}, {}
+    for layer in (0, 3):
+        mlp, m = model.model.layers[layer].mlp, f"decoder.layers.{layer}.mlp."
+        hf = f"model.layers.{layer}.{block}."
+        grads[hf + "gate.weight"], pairs[m + "router.weight"] = mlp.gate.weight.grad, hf + "gate.weight"
+        for e in (1, 6):
+            grads[f"{hf}experts.{e}.fc1"] = mlp.experts.gate_up_proj.grad[e]  # [gate; up], as megatron's fc1
+            grads[f"{hf}experts.{e}.fc2"] = mlp.experts.down_proj.grad[e]
+            pairs[f"{m}experts.local_experts.{e}.linear_fc1.weight"] = f"{hf}experts.{e}.fc1"
+            pairs[f"{m}experts.local_experts.{e}.linear_fc2.weight"] = f"{hf}experts.{e}.fc2"
+        if hasattr(mlp, "shared_expert"):
+            s = mlp.shared_expert
+            grads[hf + "shared_expert.fc1"] = torch.cat([s.gate_proj.weight.grad, s.up_proj.weight.grad])
+            grads[hf + "shared_expert_gate.weight"] = mlp.shared_expert_gate.weight.grad
+            pairs[m + "shared_experts.linear_fc1.weight"] = hf + "shared_expert.fc1"
+            pairs[m + "shared_experts.gate_weight"] = hf + "shared_expert_gate.weight"
+    torch.save({"weights": weights, "grads": {k: v.detach().clone() for k, v in grads.items()}, "pairs": pairs},
+               os.path.join(path, "grad_refs.pt"))
