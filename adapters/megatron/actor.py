@@ -22,6 +22,7 @@ from hybridrl.protocol import DataProto
 
 from .forward import MicroBatch, response_log_probs
 from .role import MegatronRole
+from .routing import Routing
 
 
 class MegatronActor(MegatronRole, ActorModel):
@@ -37,10 +38,13 @@ class MegatronActor(MegatronRole, ActorModel):
         self.batch = batch
         self.is_reference = actor is None
         megatron = ref.megatron if actor is None else actor.megatron
+        replay = actor is not None and actor.router_replay.mode == "R3"
         super().__init__(model.path, megatron, layout, optim=None if actor is None else actor.optim,
                          override_config=model.override_config, recompute=model.enable_gradient_checkpointing,
-                         load_weight=(ref or actor).load_weight, total_training_steps=total_training_steps)
+                         load_weight=(ref or actor).load_weight, total_training_steps=total_training_steps,
+                         transformer_overrides={"moe_enable_routing_replay": True} if replay else None)
         self.objective = None if actor is None else ActorObjective.from_config(actor)
+        self.routing = Routing(self.engine.chunks, replay) if self.arch.is_moe and actor is not None else None
         if actor is None:
             self._fwd_rows = ref_micro_batch or ref.log_prob_micro_batch_size_per_gpu
             self._fwd_tokens = ref.log_prob_max_token_len_per_gpu if ref.log_prob_use_dynamic_bsz else None
@@ -68,10 +72,14 @@ class MegatronActor(MegatronRole, ActorModel):
             metrics = {"log_probs": stats.log_probs, "entropys": stats.entropy, "sum_pi_squared": stats.sum_pi_squared}
             return stats.log_probs.new_zeros(()), {k: v for k, v in metrics.items() if v is not None}
 
-        results = self.engine.run(mbs, loss_fn, forward_only=True)
+        with self._routing(data, measure=True) as prepare:
+            results = self.engine.run(mbs, loss_fn, forward_only=True, prepare=prepare)
+            agreement = self._routing_session.result() if prepare is not None else None
         shape = tuple(data.batch["responses"].shape)
         keys = ["log_probs"] + (["entropys"] if calculate_entropy else []) + (["sum_pi_squared"] if sum_pi_squared else [])
         out = {k: self._gather_rows(results, mbs, k, shape) for k in keys}
+        if agreement is not None:  # MoE with the rollout's routing: per response token, -1 where unknown
+            out["routing_agreement"] = agreement
         return DataProto.from_dict(out, meta_info={"temperature": temperature})
 
     # ---------------------------------------------------------------------------------- update

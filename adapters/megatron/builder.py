@@ -18,8 +18,8 @@ import torch.nn.functional as F
 
 from hybridrl.config.validate import ParallelLayout
 
-from . import attention, compat
-from .hf_config import ModelArch, check_layout
+from . import attention, compat, moe
+from .hf_config import ModelArch, check_expert_layout, check_layout
 
 log = logging.getLogger(__name__)
 
@@ -41,10 +41,17 @@ def transformer_config(arch: ModelArch, layout: ParallelLayout, *, recompute: bo
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     check_layout(arch, layout.tp, layout.pp, layout.vpp)
+    check_expert_layout(arch, layout.tp, layout.ep, layout.etp)
     dtype = model_dtype(layout)
     te = use_transformer_engine()
-    sequence_parallel = layout.sequence_parallel and layout.tp > 1 and te
-    if layout.sequence_parallel and layout.tp > 1 and not te:
+    # MoE layers train with tp > 1 only under sequence parallelism (megatron's rule); the local spec then
+    # takes sequence-parallel torch norms (sequence_parallel_norm), which dense models do not use yet.
+    sequence_parallel = layout.sequence_parallel and layout.tp > 1 and (te or arch.is_moe)
+    if arch.is_moe and layout.tp > 1 and not layout.sequence_parallel:
+        raise ValueError(f"{arch.source}: a mixture-of-experts model with tensor_model_parallel_size={layout.tp} needs "
+                         "sequence parallelism (megatron-core's rule for MoE training); set "
+                         "*.megatron.sequence_parallel=true")
+    if layout.sequence_parallel and layout.tp > 1 and not sequence_parallel:
         log.warning("sequence_parallel=true needs transformer-engine norms; running without it (local layer spec)")
     kwargs: dict[str, Any] = dict(
         num_layers=arch.num_layers,
@@ -86,6 +93,7 @@ def transformer_config(arch: ModelArch, layout: ParallelLayout, *, recompute: bo
         recompute_method="uniform" if recompute else None,
         recompute_num_layers=1 if recompute else None,
     )
+    kwargs.update(moe.transformer_kwargs(arch, layout))
     kwargs.update(overrides or {})
     if "attention_backend" in kwargs:  # YAML gives a name; megatron wants its enum
         kwargs["attention_backend"] = attention.to_megatron(kwargs["attention_backend"])
@@ -97,12 +105,45 @@ def layer_spec(arch: ModelArch, config: Any) -> Any:
     attention (attention.py says why) unless config.attention_backend asks for megatron's unfused one."""
     from megatron.core.models.gpt import gpt_layer_specs as specs
 
-    if use_transformer_engine():
-        return specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=arch.qk_norm)
-    spec = specs.get_gpt_layer_local_spec(qk_layernorm=arch.qk_norm, normalization="RMSNorm")
+    if use_transformer_engine():  # grouped-GEMM experts need TE (or the grouped_gemm package)
+        return specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=arch.qk_norm, num_experts=arch.num_experts,
+                                                                moe_grouped_gemm=arch.is_moe)
+    spec = specs.get_gpt_layer_local_spec(qk_layernorm=arch.qk_norm, normalization="RMSNorm",
+                                          num_experts=arch.num_experts)
     if attention.uses_sdpa(config):
         spec.submodules.self_attention.submodules.core_attention = attention.sdpa_attention_class()
+    if config.sequence_parallel:
+        sequence_parallel_norms(spec)
     return spec
+
+
+class _TorchRMSNorm:
+    """megatron's local RMSNorm (torch.nn.RMSNorm, as WrappedTorchNorm builds it) without its assertion that
+    sequence parallelism is off. `sequence_parallel` marks the weight whose input is a sequence shard, so
+    finalize_model_grads all-reduces its gradient over tp; q/k norms see whole sequences and are not marked."""
+
+    sequence_parallel = True
+
+    def __new__(cls, config: Any, hidden_size: int, eps: float = 1e-5, **_: Any) -> torch.nn.Module:
+        norm = torch.nn.RMSNorm(normalized_shape=hidden_size, eps=eps)
+        norm.weight.sequence_parallel = cls.sequence_parallel and config.sequence_parallel
+        return norm
+
+
+class _TorchQKNorm(_TorchRMSNorm):
+    sequence_parallel = False
+
+
+def sequence_parallel_norms(spec: Any) -> None:
+    """The local layer spec with norms that run under sequence parallelism (the final norm: build_model)."""
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    sub = spec.submodules
+    sub.input_layernorm = sub.pre_mlp_layernorm = _TorchRMSNorm
+    attn = sub.self_attention.submodules
+    for name in ("q_layernorm", "k_layernorm"):
+        if getattr(attn, name, None) is WrappedTorchNorm:
+            setattr(attn, name, _TorchQKNorm)
 
 
 class ValueHead(torch.nn.Module):
@@ -153,7 +194,7 @@ def build_model(arch: ModelArch, layout: ParallelLayout, *, value_head: bool = F
         post = ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=stage)
         model = GPTModel(
             config=config,
-            transformer_layer_spec=spec,
+            transformer_layer_spec=_block_spec(spec, config, stage),
             vocab_size=arch.padded_vocab(layout.tp),
             max_sequence_length=arch.max_position_embeddings,
             pre_process=pre,
@@ -166,6 +207,7 @@ def build_model(arch: ModelArch, layout: ParallelLayout, *, value_head: bool = F
             vp_stage=stage,
         )
         _apply_llama3_rope(model, arch)
+        moe.prepare(model)
         if value_head and post:
             model.output_layer = ValueHead(arch.hidden_size, config.params_dtype, init_std, seed,
                                            config.sequence_parallel)
@@ -174,6 +216,16 @@ def build_model(arch: ModelArch, layout: ParallelLayout, *, value_head: bool = F
             model = Float16Module(config, model)
         chunks.append(model)
     return chunks
+
+
+def _block_spec(spec: Any, config: Any, vp_stage: Optional[int]) -> Any:
+    """The layer spec, or under sequence parallelism with local norms a block spec whose final norm is one too."""
+    if not (config.sequence_parallel and not use_transformer_engine()):
+        return spec
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
+
+    return TransformerBlockSubmodules(layer_specs=[spec] * get_num_layers_to_build(config, vp_stage=vp_stage),
+                                      layer_norm=_TorchRMSNorm)
 
 
 def _apply_llama3_rope(model: Any, arch: ModelArch) -> None:

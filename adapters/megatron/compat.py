@@ -11,8 +11,13 @@ Instead of editing installed files, `apply()` (only when no CUDA device is used)
   2. no-op torch.cuda stream/synchronize/current_device stand-ins,
   3. a torch function mode that maps device "cuda"/"cuda:N"/int to cpu, makes `.cuda()` a no-op
      and reports CPU tensor type names as their CUDA names;
+  4. the MoE alltoall token dispatcher's device-to-host copy, which returns its split sizes as numpy
+     arrays only for CUDA tensors (all_to_all_single takes no tensors as sizes), and all_gather of
+     tensors of different lengths (the dispatcher gathers each expert-tp rank's tokens), which NCCL runs
+     and gloo rejects: the mode pads them to the longest;
 and `install_memory_buffer()` (after model-parallel init) swaps in a CPU attention buffer.
 It also turns off oneDNN for matmuls (see apply()).
+`without_transformer_engine()` (CPU and GPU) fills a name megatron's MoE router expects from TE.
 Everything is idempotent. A global redirect hides stray `.cuda()` calls, which is why device
 placement is tested on the GPU (tests/gpu) and why nothing outside this module touches devices.
 """
@@ -65,11 +70,23 @@ def apply(force_cpu: bool = False) -> None:
     _MODE = _CudaToCpu()
     _MODE.__enter__()  # stays pushed for the life of the process (CPU workers only)
     _install_rng_tracker()
+    _install_moe_split_sizes()
     # oneDNN JIT-compiles a matmul kernel for every new shape; with micro-batches trimmed to their
     # longest row almost every call is a new shape (first PPO update of a tiny model: 2.8 s vs 0.56 s
     # with plain BLAS). CPU training here is for tests and demos, where that dominates.
     torch.backends.mkldnn.enabled = False
     _APPLIED = True
+
+
+def without_transformer_engine() -> None:
+    """megatron-core 0.16.1's MoE router gating (moe_utils.RouterGatingLinearFunction) tests
+    `te_general_gemm is not None`, but the name is only defined when transformer_engine imports: without TE
+    every MoE forward raises NameError. Defining it as None selects the torch.mm path it was written to
+    fall back on. Idempotent; a no-op when TE provides the name."""
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
 
 
 def install_memory_buffer() -> None:
@@ -154,6 +171,65 @@ def _install_rng_tracker() -> None:
         mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
 
 
+def _backward_in_mode(func: Any, args: tuple, kwargs: dict) -> None:
+    """torch.autograd.backward with the mode on. A mode is off while its own handler runs, so calling
+    `func` would run every autograd Function's backward without it; the MoE dispatcher's all-to-all
+    allocates on "cuda" in its backward. This is backward's own body, entered below the dispatch."""
+    from torch.autograd import _make_grads, _tensor_or_tensors_to_tuple
+    from torch.autograd.graph import _engine_run_backward
+
+    if func is torch.Tensor.backward:  # (self, gradient, retain_graph, create_graph, inputs)
+        names = ("tensors", "grad_tensors", "retain_graph", "create_graph", "inputs")
+        kwargs = {("grad_tensors" if k == "gradient" else k): v for k, v in kwargs.items()}
+        kwargs.update(zip(names, args))
+        args = ()
+    bound = dict(zip(("tensors", "grad_tensors", "retain_graph", "create_graph", "inputs"), args), **kwargs)
+    tensors = bound["tensors"]
+    tensors = (tensors,) if isinstance(tensors, torch.Tensor) else tuple(tensors)
+    create_graph = bool(bound.get("create_graph") or False)
+    retain_graph = bound.get("retain_graph")
+    inputs = bound.get("inputs")
+    inputs = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs or ())
+    with _CudaToCpu():
+        grads = _make_grads(tensors, _tensor_or_tensors_to_tuple(bound.get("grad_tensors"), len(tensors)),
+                            is_grads_batched=False)
+        _engine_run_backward(tensors, grads, create_graph if retain_graph is None else retain_graph, create_graph,
+                             inputs, allow_unreachable=True, accumulate_grad=True)
+
+
+def _uneven(tensors: list[torch.Tensor]) -> bool:
+    return len({t.shape[0] for t in tensors}) > 1
+
+
+def _padded_all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any = None,
+                       async_op: bool = False) -> None:
+    """all_gather of tensors whose first dims differ (gloo needs equal shapes): gather padded copies."""
+    longest = max(t.shape[0] for t in tensor_list)
+    padded = tensor.new_zeros((longest, *tensor.shape[1:]))
+    padded[: tensor.shape[0]].copy_(tensor)
+    parts = [torch.empty_like(padded) for _ in tensor_list]
+    torch.distributed.all_gather(parts, padded, group=group)
+    for out, part in zip(tensor_list, parts):
+        out.copy_(part[: out.shape[0]])
+    assert not async_op, "uneven all_gather on gloo runs synchronously"
+
+
+def _install_moe_split_sizes() -> None:
+    from megatron.core.transformer.moe import moe_utils, token_dispatcher
+
+    original = moe_utils.maybe_move_tensor_to_cpu
+    if getattr(token_dispatcher.maybe_move_tensor_to_cpu, "hybridrl_cpu", False):
+        return
+
+    def to_host(tensor: Any, as_numpy: bool = False, record_stream: bool = False) -> Any:
+        if as_numpy and torch.is_tensor(tensor) and not tensor.is_cuda:
+            return tensor.numpy()
+        return original(tensor, as_numpy=as_numpy, record_stream=record_stream)
+
+    to_host.hybridrl_cpu = True
+    token_dispatcher.maybe_move_tensor_to_cpu = to_host
+
+
 class _CpuMemoryBuffer:
     """megatron.core.utils.GlobalMemoryBuffer, allocating on CPU."""
 
@@ -169,13 +245,21 @@ class _CpuMemoryBuffer:
 
 
 class _NoStream:
-    """Stands in for torch.cuda.Stream / Event: every call is a no-op."""
+    """Stands in for torch.cuda.Stream / Event: every call is a no-op. Calls return another stand-in (the MoE
+    token dispatcher synchronizes the event its stream's record_event() returns), and all stand-ins are
+    equal (there is one CPU "stream", so code never thinks it runs on a side stream)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         pass
 
     def __getattr__(self, name: str) -> Any:
-        return lambda *a, **k: None
+        return lambda *a, **k: _NoStream()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _NoStream)
+
+    def __hash__(self) -> int:
+        return 0
 
 
 def _stub_torch_cuda() -> None:
@@ -207,12 +291,16 @@ def _is_cuda_device(d: Any) -> bool:
 
 
 class _CudaToCpu(TorchFunctionMode):
-    """device="cuda"/int -> cpu, Tensor.cuda() -> self, Tensor.type() -> CUDA type names."""
+    """device="cuda"/int -> cpu, Tensor.cuda() -> self, Tensor.type() -> CUDA type names, uneven all_gather."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is torch.Tensor.cuda:
             return args[0]
+        if func is torch.distributed.all_gather and _uneven(args[0] if args else kwargs["tensor_list"]):
+            return _padded_all_gather(*args, **kwargs)
+        if func is torch.autograd.backward or func is torch.Tensor.backward:
+            return _backward_in_mode(func, args, kwargs)
         if func is torch.Tensor.type and len(args) == 1 and not kwargs:
             name = func(*args)
             return _CUDA_TYPE_NAMES.get(name, name)

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from hybridrl.config.schema.common import OptimConfig
 from hybridrl.config.validate import ParallelLayout
 
+from . import moe
 from .builder import unwrap, wrap_ddp
 from .forward import MicroBatch
 
@@ -39,6 +40,7 @@ class Engine:
         self.optimizer = self.scheduler = None
         self.optim = optim
         self.optimizer_steps = 0  # applied updates (restored from checkpoints: see checkpoint.py)
+        self.router_losses: dict[str, float] = {}  # MoE: the last train_step's router losses (moe.py)
         if optim is None:
             for c in chunks:
                 c.requires_grad_(False)
@@ -52,16 +54,24 @@ class Engine:
         self.config.grad_scale_func = self.optimizer.scale_loss
 
     # ---------------------------------------------------------------------------------- schedules
-    def run(self, micro_batches: list[MicroBatch], loss_fn: LossFn, forward_only: bool) -> list[dict[str, torch.Tensor]]:
+    def run(self, micro_batches: list[MicroBatch], loss_fn: LossFn, forward_only: bool,
+            prepare: Optional[Callable[[MicroBatch], None]] = None) -> list[dict[str, torch.Tensor]]:
         """Forward (and backward) over all micro-batches with megatron's schedule (1F1B under PP).
 
+        `prepare(mb)` runs before each micro-batch's forward on every stage (MoE: router-loss weights, replay).
         Returns the loss_fn metrics per micro-batch on the last pipeline stage, [] elsewhere.
         """
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
+        routed = {"padding_mask": None} if moe.is_moe(self.config) else {}
+
         def step(data_iterator, model):
             mb = next(data_iterator)
-            out = model(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=None)
+            if routed:  # MoE: padding tokens are routed but do not count in the router losses
+                routed["padding_mask"] = mb.padding_mask
+            if prepare is not None:
+                prepare(mb)
+            out = model(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=None, **routed)
             return out, functools.partial(_loss, mb)
 
         def _loss(mb, out):
@@ -83,13 +93,23 @@ class Engine:
                 forward_only=forward_only,
             )
 
-    def train_step(self, micro_batches: list[MicroBatch], loss_fn: LossFn) -> tuple[list[dict], float, bool]:
-        """One optimizer step over `micro_batches`: (per-micro-batch metrics, grad norm, applied?)."""
+    def train_step(self, micro_batches: list[MicroBatch], loss_fn: LossFn,
+                   prepare: Optional[Callable[[MicroBatch], None]] = None) -> tuple[list[dict], float, bool]:
+        """One optimizer step over `micro_batches`: (per-micro-batch metrics, grad norm, applied?).
+
+        MoE models: the router losses of the step are in `self.router_losses` (moe.router_loss_values)."""
         assert self.optimizer is not None, "train_step on a role built without an optimizer (reference)"
         for c in self.chunks:
             c.zero_grad_buffer()
         self.optimizer.zero_grad()
-        metrics = self.run(micro_batches, loss_fn, forward_only=False)
+        if moe.is_moe(self.config):
+            moe.clear_router_losses()
+            tokens = sum_over_dp([sum(float((~mb.padding_mask).sum()) for mb in micro_batches)])[0]
+            with moe.RouterLossWeights(self.config, tokens) as weights:
+                metrics = self.run(micro_batches, loss_fn, forward_only=False, prepare=_both(weights.weigh, prepare))
+            self.router_losses = moe.router_loss_values(self.config, len(micro_batches))
+        else:
+            metrics = self.run(micro_batches, loss_fn, forward_only=False, prepare=prepare)
         grad_norm, applied = optimizer_step(self.optimizer, self.optim.clip_grad)
         self.optimizer_steps += int(applied)
         return metrics, grad_norm, applied
@@ -100,6 +120,10 @@ class Engine:
 
     def module(self, i: int = 0) -> torch.nn.Module:
         return unwrap(self.chunks[i])
+
+
+def _both(first: Callable[[MicroBatch], None], second: Optional[Callable[[MicroBatch], None]]):
+    return first if second is None else (lambda mb: (first(mb), second(mb)))
 
 
 class _nullcontext:

@@ -35,6 +35,7 @@ class MicroBatch:
     responses: torch.Tensor  # [b, R] response token ids (labels)
     extras: dict[str, torch.Tensor]  # per-row training inputs ([b, R]: old_log_probs, advantages, ...)
     rows: torch.Tensor  # [b] indices of these rows in the caller's batch
+    padding_mask: Optional[torch.Tensor] = None  # [b, L] True after each row's tokens (MoE routing skips them)
 
     @property
     def num_tokens(self) -> int:
@@ -72,6 +73,7 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, responses: torch
         responses=responses.to(dev),
         extras={k: v.to(dev) for k, v in (extras or {}).items()},
         rows=rows,
+        padding_mask=(pos[None] >= lengths[:, None]).to(dev),
     )
 
 

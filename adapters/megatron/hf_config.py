@@ -1,6 +1,7 @@
 """HuggingFace config -> ModelArch: the architecture facts the builder and the weight mapping share.
 
-Supported families: llama, qwen2, mistral, qwen3 (decoder-only, RMSNorm, SwiGLU, RoPE, GQA).
+Supported families: llama, qwen2, mistral, qwen3 (decoder-only, RMSNorm, SwiGLU, RoPE, GQA) and the
+mixture-of-experts families qwen3_moe, qwen2_moe (a shared expert behind a sigmoid gate) and mixtral.
 Every rejection names the HF config field (config.json key) and what would make it work, so a user
 with an unsupported checkpoint knows immediately why instead of getting wrong log-probs.
 """
@@ -11,7 +12,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-SUPPORTED = ("llama", "qwen2", "mistral", "qwen3")
+SUPPORTED = ("llama", "qwen2", "mistral", "qwen3", "qwen3_moe", "qwen2_moe", "mixtral")
+MOE_FAMILIES = ("qwen3_moe", "qwen2_moe", "mixtral")
 # Padding the vocab to a multiple of 64 keeps the padded size the same for every power-of-two tp up to
 # 64, so a checkpoint saved at tp=2 loads at tp=4 (embedding shapes are layout-independent). 64 is also
 # vLLM's padding (DEFAULT_VOCAB_PADDING_SIZE), so each tp rank holds the same vocab rows in both engines
@@ -52,10 +54,24 @@ class ModelArch:
     sliding_window: Optional[int] = None
     hf_dtype: str = "float32"  # dtype of the HF weights on disk (exports are written back in it)
     source: str = field(default="<config>", compare=False)
+    # Mixture of experts (None on dense models, so checkpoints saved before these fields still load).
+    num_experts: Optional[int] = None
+    moe_topk: Optional[int] = None  # experts per token
+    moe_ffn_hidden_size: Optional[int] = None  # one routed expert's intermediate size
+    shared_expert_ffn_hidden_size: Optional[int] = None  # qwen2_moe's always-on expert (None: none)
+    # Router: True = softmax over all experts, then the top-k probabilities as they are (qwen with
+    # norm_topk_prob=false); False = top-k logits, then softmax over those k, which equals renormalised
+    # top-k probabilities (qwen with norm_topk_prob=true, mixtral).
+    moe_router_pre_softmax: Optional[bool] = None
+    router_aux_loss_coef: Optional[float] = None  # the HF config's load-balancing coefficient
 
     @property
     def heads_per_group(self) -> int:
         return self.num_heads // self.num_kv_heads
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts is not None
 
     def padded_vocab(self, tp: int) -> int:
         multiple = math.lcm(VOCAB_PAD_MULTIPLE, tp)
@@ -84,7 +100,7 @@ def arch_from_hf(path_or_config: Any) -> ModelArch:
                                     f"{', '.join(SUPPORTED)} (config.json field model_type)")
     _check(cfg, src, "hidden_act", "silu", "only SwiGLU MLPs (hidden_act=silu) are implemented")
     _check(cfg, src, "mlp_bias", False, "MLP biases are not implemented")
-    if model_type in ("llama", "mistral", "qwen3"):
+    if model_type in ("llama", "mistral", "qwen3", "qwen3_moe", "mixtral"):
         _check(cfg, src, "attention_bias", False, "attention projection biases are not implemented for this family")
     if getattr(cfg, "use_sliding_window", False):
         raise UnsupportedModelError(f"{src}: use_sliding_window=true ({model_type} per-layer sliding windows) is "
@@ -93,7 +109,7 @@ def arch_from_hf(path_or_config: Any) -> ModelArch:
     if heads % kv:
         raise UnsupportedModelError(f"{src}: num_attention_heads={heads} is not a multiple of num_key_value_heads={kv}")
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-    window = getattr(cfg, "sliding_window", None) if model_type == "mistral" else None
+    window = getattr(cfg, "sliding_window", None) if model_type in ("mistral", "mixtral") else None
     return ModelArch(
         model_type=model_type,
         vocab_size=cfg.vocab_size,
@@ -107,11 +123,39 @@ def arch_from_hf(path_or_config: Any) -> ModelArch:
         rope=_rope(cfg, src),
         max_position_embeddings=cfg.max_position_embeddings,
         tie_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
-        qkv_bias=model_type == "qwen2",  # Qwen2 always has q/k/v biases (no config field)
-        qk_norm=model_type == "qwen3",
+        qkv_bias=model_type == "qwen2" or (model_type == "qwen2_moe" and bool(getattr(cfg, "qkv_bias", True))),
+        qk_norm=model_type in ("qwen3", "qwen3_moe"),
         sliding_window=window,
         hf_dtype=_dtype_name(cfg),
         source=src,
+        **(_moe_fields(cfg, src) if model_type in MOE_FAMILIES else {}),
+    )
+
+
+def _moe_fields(cfg: Any, src: str) -> dict[str, Any]:
+    """The ModelArch fields of a mixture-of-experts config (qwen3_moe, qwen2_moe, mixtral)."""
+    model_type = cfg.model_type
+    experts = getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None)
+    topk = cfg.num_experts_per_tok
+    if getattr(cfg, "mlp_only_layers", None) or getattr(cfg, "decoder_sparse_step", 1) != 1:
+        raise UnsupportedModelError(f"{src}: mlp_only_layers={getattr(cfg, 'mlp_only_layers', None)} / "
+                                    f"decoder_sparse_step={getattr(cfg, 'decoder_sparse_step', 1)}: models that mix "
+                                    "dense and expert layers are not supported; every layer must be an MoE layer "
+                                    "(mlp_only_layers=[], decoder_sparse_step=1)")
+    if getattr(cfg, "router_jitter_noise", 0.0):
+        raise UnsupportedModelError(f"{src}: router_jitter_noise={cfg.router_jitter_noise} is not supported (HF scales "
+                                    "the hidden states themselves, megatron only the router input); set it to 0")
+    normalised = model_type == "mixtral" or bool(getattr(cfg, "norm_topk_prob", False))
+    if topk == 1 and normalised:  # megatron needs pre-softmax at top-1, where renormalising gives weight 1
+        raise UnsupportedModelError(f"{src}: num_experts_per_tok=1 with normalised top-k weights is not supported")
+    shared = getattr(cfg, "shared_expert_intermediate_size", None) if model_type == "qwen2_moe" else None
+    return dict(
+        num_experts=int(experts),
+        moe_topk=int(topk),
+        moe_ffn_hidden_size=int(cfg.intermediate_size if model_type == "mixtral" else cfg.moe_intermediate_size),
+        shared_expert_ffn_hidden_size=int(shared) if shared else None,
+        moe_router_pre_softmax=not normalised,
+        router_aux_loss_coef=float(getattr(cfg, "router_aux_loss_coef", 0.0) or 0.0),
     )
 
 
@@ -134,6 +178,31 @@ def check_layout(arch: ModelArch, tp: int, pp: int, vpp: Optional[int], names: t
                         f"{pp}*{vpp or 1}; choose sizes whose product divides {arch.num_layers}")
     if problems:
         raise ValueError(f"{arch.source}: the layout does not fit the model: " + "; ".join(problems))
+
+
+EXPERT_LAYOUT_NAMES = ("*.megatron.expert_model_parallel_size", "*.megatron.expert_tensor_parallel_size")
+
+
+def check_expert_layout(arch: ModelArch, tp: int, ep: int, etp: Optional[int],
+                        names: tuple[str, str] = EXPERT_LAYOUT_NAMES) -> None:
+    """Experts split evenly over ep ranks, each expert's (and the shared expert's) ffn over etp (tp) ranks."""
+    ep_name, etp_name = names
+    etp = etp or tp
+    if not arch.is_moe:
+        if ep > 1 or etp != tp:
+            raise ValueError(f"{arch.source}: {ep_name}={ep} / {etp_name}={etp}: {arch.model_type} is a dense model "
+                             "without experts; leave both unset (1 and null)")
+        return
+    problems = []
+    if arch.num_experts % ep:
+        problems.append(f"num_experts={arch.num_experts} is not divisible by {ep_name}={ep}")
+    if arch.moe_ffn_hidden_size % etp:
+        problems.append(f"the experts' intermediate size {arch.moe_ffn_hidden_size} is not divisible by {etp_name}={etp}")
+    shared = arch.shared_expert_ffn_hidden_size
+    if shared and shared % tp:
+        problems.append(f"shared_expert_intermediate_size={shared} is not divisible by the tensor parallel size {tp}")
+    if problems:
+        raise ValueError(f"{arch.source}: the expert layout does not fit the model: " + "; ".join(problems))
 
 
 # ------------------------------------------------------------------------------------------ helpers

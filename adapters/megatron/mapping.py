@@ -13,6 +13,10 @@ Vp padded vocab, tp rank r of t):
   column / row  split along dim 0 / dim 1; replicated: norms, q/k norms, the critic's value head.
 Pipeline: global layer g lives in chunk c = g // (L/(pp*vpp)) -> vp stage c // pp, pp rank c % pp
 (megatron's interleaved assignment), local index g % (L/(pp*vpp)).
+Experts (MoE layers): routed expert x of E lives on ep rank x // (E/ep) as local expert x % (E/ep)
+(megatron's SequentialMLP `local_experts.i`, or TE's grouped `weight{i}`), its fc1/fc2 split over the
+expert-tensor-parallel (etp) ranks like a dense MLP's over tp; the router is replicated; a shared expert
+is a dense MLP over tp plus a replicated [1, h] gate. HF keeps one gate/up/down per expert.
 """
 from __future__ import annotations
 
@@ -39,6 +43,7 @@ class Entry:
     vp_stage: int
     export: bool = True  # False for the tied output-layer copy on the last stage
     optional: bool = False  # may be absent from the HF folder (a fresh value head)
+    ep_rank: Optional[int] = None  # a routed expert's owner (split over etp, not tp); None: not an expert
 
 
 @dataclass(frozen=True)
@@ -49,10 +54,17 @@ class Topology:
     te_names: bool = False  # transformer-engine spec: norms fused into the following linear
     value_head: bool = False
     extra: dict = field(default_factory=dict, compare=False)
+    ep: int = 1
+    etp: Optional[int] = None  # None: tp
+    grouped_experts: bool = False  # TE's grouped GEMM experts (weight{i}) instead of SequentialMLP
 
     @property
     def chunks(self) -> int:
         return self.vpp or 1
+
+    def split(self, entry: "Entry") -> int:
+        """How many ranks split `entry`'s tensor: etp for routed experts, tp for the rest."""
+        return (self.etp or self.tp) if entry.ep_rank is not None else self.tp
 
 
 def layer_owner(layer: int, arch: ModelArch, topo: Topology) -> tuple[int, int, int]:
@@ -103,12 +115,46 @@ def _layer_entries(arch: ModelArch, topo: Topology, layer: int) -> list[Entry]:
     if arch.qk_norm:
         out.append(e("self_attention.q_layernorm.weight", [hf + "self_attn.q_norm.weight"], [(d,)], "replicated"))
         out.append(e("self_attention.k_layernorm.weight", [hf + "self_attn.k_norm.weight"], [(d,)], "replicated"))
+    out.append(e("self_attention.linear_proj.weight", [hf + "self_attn.o_proj.weight"], [(h, nq)], "row"))
+    if arch.is_moe:  # megatron never fuses the norm into an MoE layer's experts
+        return out + [e("pre_mlp_layernorm.weight", [hf + "post_attention_layernorm.weight"], [(h,)], "replicated"),
+                      *_moe_entries(arch, topo, e, m, hf, pp_rank, vp_stage)]
     out += [
-        e("self_attention.linear_proj.weight", [hf + "self_attn.o_proj.weight"], [(h, nq)], "row"),
         e(mlp_norm, [hf + "post_attention_layernorm.weight"], [(h,)], "replicated"),
         e("mlp.linear_fc1.weight", [hf + "mlp.gate_proj.weight", hf + "mlp.up_proj.weight"], [(f, h), (f, h)], "fc1"),
         e("mlp.linear_fc2.weight", [hf + "mlp.down_proj.weight"], [(h, f)], "row"),
     ]
+    return out
+
+
+# HF checkpoint names of one MoE layer's pieces: (block, gate, up, down) of routed experts.
+HF_EXPERT_NAMES = {"mixtral": ("block_sparse_moe", "w1", "w3", "w2")}
+HF_EXPERT_DEFAULT = ("mlp", "gate_proj", "up_proj", "down_proj")
+
+
+def _moe_entries(arch: ModelArch, topo: Topology, e, m: str, hf: str, pp_rank: int, vp_stage: int) -> list[Entry]:
+    """Router, routed experts (owned by their ep rank) and the optional shared expert of one MoE layer."""
+    h, fe, E = arch.hidden_size, arch.moe_ffn_hidden_size, arch.num_experts
+    block, gate, up, down = HF_EXPERT_NAMES.get(arch.model_type, HF_EXPERT_DEFAULT)
+    out = [e("mlp.router.weight", [f"{hf}{block}.gate.weight"], [(E, h)], "replicated")]
+    per_rank = E // topo.ep
+    for x in range(E):
+        owner, local = divmod(x, per_rank)
+        src = f"{hf}{block}.experts.{x}."
+        if topo.grouped_experts:
+            fc1, fc2 = f"mlp.experts.linear_fc1.weight{local}", f"mlp.experts.linear_fc2.weight{local}"
+        else:
+            fc1, fc2 = (f"mlp.experts.local_experts.{local}.linear_fc{i}.weight" for i in (1, 2))
+        out += [Entry(m + fc1, (f"{src}{gate}.weight", f"{src}{up}.weight"), ((fe, h), (fe, h)), "fc1", pp_rank,
+                      vp_stage, ep_rank=owner),
+                Entry(m + fc2, (f"{src}{down}.weight",), ((h, fe),), "row", pp_rank, vp_stage, ep_rank=owner)]
+    fs = arch.shared_expert_ffn_hidden_size
+    if fs:
+        shared = f"{hf}mlp.shared_expert."
+        out += [e("mlp.shared_experts.linear_fc1.weight", [shared + "gate_proj.weight", shared + "up_proj.weight"],
+                  [(fs, h), (fs, h)], "fc1"),
+                e("mlp.shared_experts.linear_fc2.weight", [shared + "down_proj.weight"], [(h, fs)], "row"),
+                e("mlp.shared_experts.gate_weight", [f"{hf}mlp.shared_expert_gate.weight"], [(1, h)], "replicated")]
     return out
 
 
@@ -144,8 +190,8 @@ def shard_regions(entry: Entry, shard: torch.Tensor, arch: ModelArch, rank: int,
         rows = shard.shape[0]
         start, stop = rank * rows, min((rank + 1) * rows, arch.vocab_size)
         return [Region(hf[0], 0, start, stop, shard[: stop - start])] if stop > start else []
-    if entry.kind == "fc1":
-        n = arch.ffn_hidden_size // tp
+    if entry.kind == "fc1":  # dense, shared or routed expert: each member has the MLP's own ffn rows
+        n = shapes[0][0] // tp
         return [Region(hf[0], 0, rank * n, (rank + 1) * n, shard[:n]),
                 Region(hf[1], 0, rank * n, (rank + 1) * n, shard[n:])]
     if entry.kind == "qkv":

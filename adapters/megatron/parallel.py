@@ -66,10 +66,13 @@ def init_megatron(layout: ParallelLayout, seed: int, timeout_s: Optional[float] 
         pipeline_model_parallel_size=layout.pp,
         virtual_pipeline_model_parallel_size=layout.vpp,
         context_parallel_size=layout.cp,
+        expert_model_parallel_size=layout.ep,
+        expert_tensor_parallel_size=layout.etp,
         # megatron only builds timedelta(minutes=...) from it: a fraction keeps sub-minute timeouts
         distributed_timeout_minutes=(default_group_timeout_s() if timeout_s is None else timeout_s) / 60.0,
     )
     compat.install_memory_buffer()
+    compat.without_transformer_engine()
     compat.model_parallel_seed(seed)
     _LAYOUT = layout
 
@@ -100,12 +103,15 @@ def dispatch_info() -> DispatchInfo:
 
 
 def layout_for(world_size: int, tp: int = 1, pp: int = 1, vpp: Optional[int] = None,
-               dtype: str = "float32", sequence_parallel: bool = False) -> ParallelLayout:
+               dtype: str = "float32", sequence_parallel: bool = False, ep: int = 1,
+               etp: Optional[int] = None) -> ParallelLayout:
     """A ParallelLayout from plain sizes (converters and tests; the trainer gets one from validate())."""
     if world_size % (tp * pp):
         raise ValueError(f"tp*pp = {tp}*{pp} does not divide the world size {world_size}")
+    if (world_size // pp) % (ep * (etp or tp)):
+        raise ValueError(f"ep*etp = {ep}*{etp or tp} does not divide the {world_size // pp} ranks of a pipeline stage")
     return ParallelLayout(world_size=world_size, tp=tp, pp=pp, cp=1, vpp=vpp, dp=world_size // (tp * pp),
-                          sequence_parallel=sequence_parallel and tp > 1, dtype=dtype)
+                          sequence_parallel=sequence_parallel and tp > 1, dtype=dtype, ep=ep, etp=etp)
 
 
 # ------------------------------------------------------------------------------------------ helpers
@@ -128,11 +134,12 @@ def _check_world(layout: ParallelLayout) -> None:
 
 
 def _same_groups(a: ParallelLayout, b: ParallelLayout) -> bool:
-    return (a.tp, a.pp, a.cp, a.vpp, a.dp) == (b.tp, b.pp, b.cp, b.vpp, b.dp)
+    return (a.tp, a.pp, a.cp, a.vpp, a.dp, a.ep, a.expert_tp) == (b.tp, b.pp, b.cp, b.vpp, b.dp, b.ep, b.expert_tp)
 
 
 def _describe(layout: ParallelLayout) -> str:
-    return f"tp={layout.tp} pp={layout.pp} cp={layout.cp} vpp={layout.vpp} dp={layout.dp}"
+    return (f"tp={layout.tp} pp={layout.pp} cp={layout.cp} vpp={layout.vpp} dp={layout.dp} ep={layout.ep} "
+            f"etp={layout.expert_tp}")
 
 
 def _select_gpu() -> None:

@@ -1,6 +1,7 @@
 """What actor, reference and critic share: build from the HF folder, engine, weights, memory, checkpoints."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import logging
@@ -29,7 +30,8 @@ class MegatronRole:
 
     def __init__(self, hf_path: str, megatron: MegatronConfig, layout: ParallelLayout, *,
                  optim: Optional[OptimConfig], value_head: bool = False, override_config: Optional[dict] = None,
-                 recompute: bool = False, load_weight: bool = True, total_training_steps: Optional[int] = None) -> None:
+                 recompute: bool = False, load_weight: bool = True, total_training_steps: Optional[int] = None,
+                 transformer_overrides: Optional[dict] = None) -> None:
         if optim is not None and layout.vpp:
             raise ValueError(f"{self.role}: virtual_pipeline_model_parallel_size={layout.vpp} works for forward passes "
                              "(log-probs, values) but training with megatron's interleaved schedule is not validated "
@@ -42,7 +44,8 @@ class MegatronRole:
         self.layout = layout
         self.megatron = megatron
         self.value_head = value_head
-        overrides = {"calculate_per_token_loss": True, **megatron.override_transformer_config}
+        overrides = {"calculate_per_token_loss": True, **(transformer_overrides or {}),
+                     **megatron.override_transformer_config}
         chunks = build_model(self.arch, layout, value_head=value_head, seed=megatron.seed,
                              init_std=getattr(self.hf_config, "initializer_range", 0.02), recompute=recompute,
                              overrides=overrides)
@@ -105,12 +108,27 @@ class MegatronRole:
                 mini = data[rows]
                 mbs = self._micro_batches(mini, keys, plan.micro_batch_per_gpu,
                                           plan.max_token_len_per_gpu if plan.use_dynamic_bsz else None)
-                per_micro, grad_norm, applied = self.engine.train_step(mbs, make_loss_fn(mini))
-                history.append(self._rank_metrics(per_micro, metric_names) + [grad_norm, float(applied)])
+                with self._routing(mini) as prepare:
+                    per_micro, grad_norm, applied = self.engine.train_step(mbs, make_loss_fn(mini), prepare)
+                router = list(self.engine.router_losses.values())  # MoE models: load-balancing and z-loss
+                history.append(self._rank_metrics(per_micro, metric_names) + [grad_norm, float(applied)] + router)
         names = metric_names + [f"{self.role}/grad_norm", f"{self.role}/update_applied"]
+        names += [f"{self.role}/{k}" for k in self.engine.router_losses]
         out = {k: sum(h[i] for h in history) / len(history) for i, k in enumerate(names)}
         out[f"{self.role}/lr"] = self.engine.lr()
         return out
+
+    @contextlib.contextmanager
+    def _routing(self, data, measure: bool = False):
+        """MoE policy: replay the rollout's routing (router_replay R3) and/or measure agreement with it;
+        yields the engine's per-micro-batch `prepare` (None otherwise). Roles without routing: None."""
+        routing = getattr(self, "routing", None)
+        if routing is None:
+            yield None
+            return
+        with routing.session(data, measure) as session:
+            self._routing_session = session
+            yield routing.prepare if session is not None else None
 
     def _mb_multiple(self) -> int:
         """The interleaved pipeline schedule needs a multiple of pp micro-batches."""

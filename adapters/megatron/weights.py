@@ -6,6 +6,9 @@ plan order (never the whole model at once), the owning pipeline stage all-gather
 (several parameters per collective) and un-fuses them into HF tensors, then broadcasts them over the
 pipeline group, so EVERY rank receives full HF tensors. Data-parallel replicas hold identical weights
 and do the same work independently. This is also what the rollout weight sync calls.
+Routed experts (MoE) are split over the expert-tensor-parallel group and spread over the expert-parallel
+group: the owner's etp ranks all-gather an expert's shards, then the ep ranks all-gather the bucket's
+experts (one collective per bucket), so every rank again ends with every expert.
 `local_regions` (no communication): what this rank's own shards hold of each HF weight, as views,
 for the rollout's direct copy when the engine's layout matches the training layout.
 """
@@ -31,7 +34,9 @@ def topology(chunks: list[torch.nn.Module], layout: ParallelLayout, value_head: 
     """The mapping topology of built chunks (param naming follows the layer spec actually used)."""
     names = {n for c in chunks for n, _ in unwrap(c).named_parameters()}
     te = any(n.endswith("linear_qkv.layer_norm_weight") for n in names)
-    return Topology(tp=layout.tp, pp=layout.pp, vpp=layout.vpp, te_names=te, value_head=value_head)
+    grouped = any(".experts.linear_fc1.weight" in n for n in names)
+    return Topology(tp=layout.tp, pp=layout.pp, vpp=layout.vpp, te_names=te, value_head=value_head, ep=layout.ep,
+                    etp=layout.expert_tp, grouped_experts=grouped)
 
 
 def _params(chunks: list[torch.nn.Module]) -> list[dict[str, torch.nn.Parameter]]:
@@ -42,6 +47,25 @@ def _ranks() -> tuple[int, int]:
     from megatron.core import parallel_state as ps
 
     return ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()
+
+
+def _owns(entry: Entry, pp_rank: int) -> bool:
+    """This rank holds (a shard of) `entry`: its pipeline stage and, for a routed expert, its ep rank."""
+    if entry.pp_rank != pp_rank:
+        return False
+    return entry.ep_rank is None or entry.ep_rank == _expert_ranks()[0]
+
+
+def _expert_ranks() -> tuple[int, int]:
+    """(ep rank, etp rank) of this process."""
+    from megatron.core import parallel_state as ps
+
+    return ps.get_expert_model_parallel_rank(), ps.get_expert_tensor_parallel_rank()
+
+
+def _split_rank(entry: Entry, tp_rank: int) -> int:
+    """This rank's index among the ranks that split `entry` (etp for routed experts, tp otherwise)."""
+    return _expert_ranks()[1] if entry.ep_rank is not None else tp_rank
 
 
 def load_hf_weights(chunks: list[torch.nn.Module], hf_dir: str, arch: ModelArch, layout: ParallelLayout,
@@ -55,15 +79,16 @@ def load_hf_weights(chunks: list[torch.nn.Module], hf_dir: str, arch: ModelArch,
     tp_rank, pp_rank = _ranks()
     params = _params(chunks)
     assigned: set[tuple[int, str]] = set()
-    for entry in plan(arch, topology(chunks, layout, value_head)):
-        if entry.pp_rank != pp_rank:
+    topo = topology(chunks, layout, value_head)
+    for entry in plan(arch, topo):
+        if not _owns(entry, pp_rank):
             continue
         param = _param(params, entry)
         if entry.optional and not reader.has(entry.hf[0]):
             assigned.add((entry.vp_stage, entry.mcore))  # keeps its initialisation (a fresh value head)
             continue
         _check_shapes(entry, reader)
-        shard = hf_to_shard(entry, reader, arch, tp_rank, layout.tp)
+        shard = hf_to_shard(entry, reader, arch, _split_rank(entry, tp_rank), topo.split(entry))
         if tuple(shard.shape) != tuple(param.shape):
             raise AssertionError(f"mapping bug: {entry.mcore} shard {tuple(shard.shape)} vs param {tuple(param.shape)}")
         with torch.no_grad():
@@ -106,11 +131,14 @@ def export_hf_weights(chunks: list[torch.nn.Module], arch: ModelArch, layout: Pa
     params = _params(chunks)
     dtype = next(iter(params[0].values())).dtype
     wanted = None if names is None else set(names)
-    entries = [e for e in plan(arch, topology(chunks, layout, value_head))
-               if e.export and (wanted is None or not wanted.isdisjoint(e.hf))]
+    topo = topology(chunks, layout, value_head)
+    entries = [e for e in plan(arch, topo) if e.export and (wanted is None or not wanted.isdisjoint(e.hf))]
     for group in _buckets(entries, wanted, dtype.itemsize, bucket_bytes):
-        owned = [e for e in group if e.pp_rank == pp_rank]
-        full = _gather_on_owner(owned, params, arch, layout)
+        owned = [e for e in group if _owns(e, pp_rank)]
+        full = _gather_on_owner(owned, params, arch, topo)
+        if layout.ep > 1:
+            full.update(_exchange_experts([e for e in group if e.pp_rank == pp_rank and e.ep_rank is not None],
+                                          full, dtype, layout.ep))
         bucket: WeightBucket = []
         for entry in group:
             tensors = full.get(id(entry))
@@ -142,15 +170,16 @@ def local_regions(chunks: list[torch.nn.Module], arch: ModelArch, layout: Parall
     plan order; None under pipeline parallelism, where a rank holds only its stage's layers."""
     if layout.pp > 1:
         return None
-    tp_rank, _ = _ranks()
+    tp_rank, pp_rank = _ranks()
     params = _params(chunks)
     out = []
-    for entry in plan(arch, topology(chunks, layout, value_head)):
-        if not entry.export:
+    topo = topology(chunks, layout, value_head)
+    for entry in plan(arch, topo):
+        if not entry.export or not _owns(entry, pp_rank):
             continue
         shard = _param(params, entry).detach()
         extents = dict(zip(entry.hf, entry.hf_shapes))
-        for r in shard_regions(entry, shard, arch, tp_rank, layout.tp):
+        for r in shard_regions(entry, shard, arch, _split_rank(entry, tp_rank), topo.split(entry)):
             out.append(WeightRegion(r.hf, r.dim, r.start, r.stop, extents[r.hf][r.dim], r.view))
     return out
 
@@ -161,35 +190,39 @@ GATHER_BYTES = 64 << 20
 
 
 def _gather_on_owner(entries: list[Entry], params, arch: ModelArch,
-                     layout: ParallelLayout) -> dict[int, list[tuple[str, torch.Tensor]]]:
-    """id(entry) -> its full HF tensors, for entries of this rank's pipeline stage. tp-split shards travel
-    flattened and concatenated, GATHER_BYTES of local shards per all-gather."""
+                     topo: Topology) -> dict[int, list[tuple[str, torch.Tensor]]]:
+    """id(entry) -> its full HF tensors, for entries this rank holds. tp-split shards (etp-split for routed
+    experts) travel flattened and concatenated, GATHER_BYTES of local shards per all-gather."""
     out: dict[int, list[tuple[str, torch.Tensor]]] = {}
-    pending: list[tuple[Entry, torch.Tensor]] = []
-    pending_bytes = 0
+    pending: dict[bool, list[tuple[Entry, torch.Tensor]]] = {False: [], True: []}  # keyed by "routed expert"
+    pending_bytes = {False: 0, True: 0}
     for entry in entries:
         shard = _param(params, entry).detach()
-        if layout.tp == 1 or not is_tp_split(entry):
+        split, expert = topo.split(entry), entry.ep_rank is not None
+        if split == 1 or not is_tp_split(entry):
             out[id(entry)] = shards_to_hf(entry, [shard], arch)
             continue
-        pending.append((entry, shard))
-        pending_bytes += shard.numel() * shard.element_size()
-        if pending_bytes >= GATHER_BYTES:
-            out.update(_fused_tp_gather(pending, arch, layout.tp))
-            pending, pending_bytes = [], 0
-    if pending:
-        out.update(_fused_tp_gather(pending, arch, layout.tp))
+        pending[expert].append((entry, shard))
+        pending_bytes[expert] += shard.numel() * shard.element_size()
+        if pending_bytes[expert] >= GATHER_BYTES:
+            out.update(_fused_tp_gather(pending[expert], arch, split, expert))
+            pending[expert], pending_bytes[expert] = [], 0
+    for expert, rest in pending.items():
+        if rest:
+            out.update(_fused_tp_gather(rest, arch, topo.split(rest[0][0]), expert))
     return out
 
 
 def _fused_tp_gather(pending: list[tuple[Entry, torch.Tensor]], arch: ModelArch,
-                     tp: int) -> dict[int, list[tuple[str, torch.Tensor]]]:
-    """One all_gather_into_tensor for the flattened shards of several entries -> their full HF tensors."""
+                     tp: int, expert: bool = False) -> dict[int, list[tuple[str, torch.Tensor]]]:
+    """One all_gather_into_tensor for the flattened shards of several entries -> their full HF tensors
+    (over the tp group, or the expert-tp group for routed experts)."""
     from megatron.core import parallel_state as ps
 
     local = torch.cat([shard.reshape(-1) for _, shard in pending])
     gathered = torch.empty(tp * local.numel(), dtype=local.dtype, device=local.device)
-    dist.all_gather_into_tensor(gathered, local, group=ps.get_tensor_model_parallel_group())
+    group = ps.get_expert_tensor_parallel_group() if expert else ps.get_tensor_model_parallel_group()
+    dist.all_gather_into_tensor(gathered, local, group=group)
     per_rank = gathered.view(tp, local.numel())
     del local
     out, offset = {}, 0
@@ -198,6 +231,38 @@ def _fused_tp_gather(pending: list[tuple[Entry, torch.Tensor]], arch: ModelArch,
         shards = [per_rank[r, offset:offset + n].view(shard.shape) for r in range(tp)]
         out[id(entry)] = shards_to_hf(entry, shards, arch)
         offset += n
+    return out
+
+
+def _exchange_experts(experts: list[Entry], full: dict[int, list[tuple[str, torch.Tensor]]], dtype: torch.dtype,
+                      ep: int) -> dict[int, list[tuple[str, torch.Tensor]]]:
+    """The routed experts of one bucket (this stage's) on every ep rank: one all-gather of each rank's full
+    tensors, flattened and padded to the largest rank's share (the plan gives every rank the sizes)."""
+    from megatron.core import parallel_state as ps
+
+    if not experts:
+        return {}
+    sizes = [sum(math.prod(s) for e in experts if e.ep_rank == r for s in e.hf_shapes) for r in range(ep)]
+    mine = ps.get_expert_model_parallel_rank()
+    local = torch.zeros(max(sizes), dtype=dtype, device=compat.device())
+    offset = 0
+    for e in experts:
+        if e.ep_rank == mine:
+            for _, t in full[id(e)]:
+                local[offset:offset + t.numel()].copy_(t.reshape(-1))
+                offset += t.numel()
+    gathered = torch.empty(ep * local.numel(), dtype=dtype, device=local.device)
+    dist.all_gather_into_tensor(gathered, local, group=ps.get_expert_model_parallel_group())
+    per_rank = gathered.view(ep, local.numel())
+    del local
+    out, offsets = {}, [0] * ep
+    for e in experts:
+        tensors = []
+        for name, shape in zip(e.hf, e.hf_shapes):
+            n, o = math.prod(shape), offsets[e.ep_rank]
+            tensors.append((name, per_rank[e.ep_rank, o:o + n].view(shape)))
+            offsets[e.ep_rank] = o + n
+        out[id(e)] = tensors
     return out
 
 

@@ -42,7 +42,12 @@ NO_EFFECT = {
 
 @dataclass(frozen=True)
 class ParallelLayout:
-    """Megatron layout of one role (ranks = tp * pp * cp * dp)."""
+    """Megatron layout of one role (ranks = tp * pp * cp * dp).
+
+    Experts (mixture-of-experts models) are laid out separately over the same ranks: each pipeline stage's
+    tp * cp * dp ranks are split into ep groups of etp ranks; ep ranks hold different experts, etp ranks
+    split each expert's ffn, and the remaining (tp * cp * dp) / (ep * etp) are the experts' data parallel.
+    """
 
     world_size: int
     tp: int
@@ -52,6 +57,16 @@ class ParallelLayout:
     dp: int
     sequence_parallel: bool
     dtype: str
+    ep: int = 1
+    etp: Optional[int] = None  # None: the same as tp (megatron's default)
+
+    @property
+    def expert_tp(self) -> int:
+        return self.etp or self.tp
+
+    @property
+    def expert_dp(self) -> int:
+        return self.tp * self.cp * self.dp // (self.ep * self.expert_tp)
 
 
 @dataclass(frozen=True)
@@ -111,7 +126,8 @@ class RunConfig:
         a, b = d.actor, d.actor_batch
         lines = [
             f"device={d.device} world={d.world_size} ({c.trainer.nnodes} node(s) x {c.trainer.n_gpus_per_node})",
-            f"actor layout: tp={a.tp} pp={a.pp} cp={a.cp} dp={a.dp} vpp={a.vpp} sp={a.sequence_parallel} dtype={a.dtype}",
+            f"actor layout: tp={a.tp} pp={a.pp} cp={a.cp} dp={a.dp} vpp={a.vpp} sp={a.sequence_parallel} dtype={a.dtype}"
+            + (f" ep={a.ep} etp={a.expert_tp} expert_dp={a.expert_dp}" if a.ep > 1 or a.etp else ""),
             f"rollout: {d.rollout.engine} tp_g={d.rollout.tp} dp_g={d.rollout.dp} n={d.rollout.n}",
             f"batch: {c.data.train_batch_size} prompts x n={d.rollout.n} = {b.samples_per_step} samples/step; "
             f"{b.mini_batches_per_epoch} mini-batch(es) of {b.mini_batch_samples} samples x {b.ppo_epochs} epoch(s) "
@@ -159,13 +175,21 @@ def _layout(key: str, m: MegatronConfig, world: int, device: str, p: _Problems) 
     p.check(cp == 1, f"{key}.context_parallel_size={cp}: context parallelism is not supported yet; set it to 1")
     p.check(vpp is None, f"{key}.virtual_pipeline_model_parallel_size={vpp}: interleaved pipeline training is not "
                          "supported yet (forward passes are); set it to null")
-    p.check(m.expert_model_parallel_size == 1,
-            f"{key}.expert_model_parallel_size={m.expert_model_parallel_size}: mixture-of-experts models are not supported yet; set it to 1")
+    ep, etp = m.expert_model_parallel_size, m.expert_tensor_parallel_size
+    p.check(ep >= 1, f"{key}.expert_model_parallel_size={ep} must be >= 1")
+    p.check(etp is None or etp >= 1, f"{key}.expert_tensor_parallel_size={etp} must be null (= tensor_model_parallel_size) or >= 1")
+    ep, etp = max(ep, 1), (max(etp, 1) if etp is not None else None)
+    per_stage = world // pp if world % pp == 0 else 0
+    p.check(per_stage % (ep * (etp or tp)) == 0,
+            f"{key}: expert_model_parallel_size * expert_tensor_parallel_size = {ep}*{etp or tp} does not divide the "
+            f"{per_stage} ranks of a pipeline stage (world {world} / pipeline_model_parallel_size {pp}); experts are "
+            "spread over the tensor and data parallel ranks of a stage: choose sizes whose product divides it")
     p.check(m.dtype in ("bfloat16", "float16", "float32"), f"{key}.dtype={m.dtype!r} is not one of bfloat16, float16, float32")
     dtype = m.dtype if device == "cuda" else "float32"
     if device == "cpu" and any((m.param_offload, m.grad_offload, m.optimizer_offload)):
         p.notes.append(f"{key}: *_offload has no effect on CPU (state already lives in host memory)")
-    return ParallelLayout(world, tp, pp, cp, vpp, max(world // model_parallel, 1), m.sequence_parallel and tp > 1, dtype)
+    return ParallelLayout(world, tp, pp, cp, vpp, max(world // model_parallel, 1), m.sequence_parallel and tp > 1, dtype,
+                          ep=ep, etp=etp)
 
 
 def _check_transformer_overrides(key: str, m: MegatronConfig, p: _Problems) -> None:
@@ -335,6 +359,17 @@ def _check_actor(cfg: PPOConfig, p: _Problems) -> None:
         p.check(v is None or v > 0, f"{key}.{name}={v} must be > 0")
     p.check(actor.clip_ratio_c > 1, f"{key}.clip_ratio_c={actor.clip_ratio_c} must be > 1 (dual-clip bound)")
     p.check(cfg.actor_rollout_ref.model.lora_rank == 0, f"{ARA}.model.lora_rank: LoRA is not supported yet; set it to 0")
+    replay = actor.router_replay.mode
+    _choices(f"{key}.router_replay.mode", replay, ["disabled", "R2", "R3"], p)
+    p.check(replay != "R2", f"{key}.router_replay.mode=R2 (replaying the actor's own old-log-prob routing) is not "
+                            "supported; use R3 (the rollout's routing) or disabled")
+    if replay == "R3":
+        p.check(cfg.actor_rollout_ref.rollout.enable_rollout_routing_replay,
+                f"{key}.router_replay.mode=R3 replays the rollout's expert choices: set "
+                f"{ARA}.rollout.enable_rollout_routing_replay=true")
+        p.check(not cfg.actor_rollout_ref.model.enable_gradient_checkpointing,
+                f"{key}.router_replay.mode=R3 with {ARA}.model.enable_gradient_checkpointing=true is not supported "
+                "(the recomputed forward would need the replayed routing again); turn one of them off")
     p.check(cfg.actor_rollout_ref.hybrid_engine, f"{ARA}.hybrid_engine=false: hybridrl always colocates rollout and training")
     for role, optim in ((f"{key}.optim", actor.optim), ("critic.optim", cfg.critic.optim)):
         p.check(optim.lr >= 0, f"{role}.lr={optim.lr} must be >= 0")

@@ -146,3 +146,18 @@ def logprob_gap(rollout_log_probs: torch.Tensor, actor_log_probs: torch.Tensor,
         "rollout_vs_actor/logprob_abs_diff_max": float(diff.max()),
     }
 
+
+
+def routing_agreement(batch: dict) -> dict[str, float]:
+    """Mixture-of-experts models whose rollout returned its routing: the mean, over response tokens whose rollout
+    routing is known, of the fraction of MoE layers in which the actor's top-k experts are the rollout's
+    (`routing_agreement` [B, R] from the actor's log-prob pass, -1 where unknown). {} without it."""
+    if "routing_agreement" not in batch:
+        return {}
+    agreement = batch["routing_agreement"]
+    valid = batch["response_mask"].bool() & (agreement >= 0)
+    if not bool(valid.any()):
+        return {}
+    values = agreement[valid].double()
+    return {"rollout_vs_actor/routing_agreement": float(values.mean()),
+            "rollout_vs_actor/routing_agreement_min": float(values.min())}

@@ -13,6 +13,8 @@ def parser() -> argparse.ArgumentParser:
     h2m.add_argument("--out", required=True, help="new folder for the checkpoint")
     h2m.add_argument("--tp", type=int, default=1, help="tensor-parallel size to save from")
     h2m.add_argument("--pp", type=int, default=1, help="pipeline-parallel size to save from")
+    h2m.add_argument("--ep", type=int, default=1, help="expert-parallel size to save from (MoE models)")
+    h2m.add_argument("--etp", type=int, default=None, help="expert tensor-parallel size (MoE models; default: --tp)")
     h2m.add_argument("--timeout", type=float, default=3600.0, help="seconds before the worker processes are stopped")
     m2h = sub.add_parser("mcore-to-hf", help="hybridrl megatron checkpoint -> HF safetensors folder")
     m2h.add_argument("--ckpt-dir", required=True, help="a role checkpoint folder (meta.json, dist/, huggingface/)")
@@ -27,7 +29,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if args.direction == "hf-to-mcore":
-            megatron.hf_to_mcore(args.hf_dir, args.out, args.tp, args.pp, timeout_s=args.timeout)
+            megatron.hf_to_mcore(args.hf_dir, args.out, args.tp, args.pp, timeout_s=args.timeout, ep=args.ep,
+                                 etp=args.etp)
         else:
             megatron.mcore_to_hf(args.ckpt_dir, args.out, hf_config_dir=args.hf_config_dir)
     except (FileNotFoundError, FileExistsError, ValueError, KeyError, TimeoutError) as e:

@@ -2,6 +2,7 @@
 
     hf_to_mcore(hf_dir, out, tp, pp)   T*P spawned processes each read only their shards from the HF
                                        safetensors and save them as a model-only dist checkpoint
+                                       (MoE models: experts spread over ep ranks, split over etp)
     mcore_to_hf(ckpt_dir, out)          one process loads the dist checkpoint (any saved layout) at
                                        tp=pp=1, streams HF tensors through export_hf_weights and
                                        writes safetensors + config + tokenizer files
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import socket
 import sys
@@ -42,23 +44,26 @@ class ConvertedModel:
 
 
 # ------------------------------------------------------------------------------------------ HF -> mcore
-def hf_to_mcore(hf_dir: str, out: str, tp: int, pp: int, timeout_s: float = 3600.0) -> None:
-    """Convert an HF folder into a model-only megatron dist checkpoint saved from a tp x pp layout."""
-    from hybridrl.adapters.megatron.hf_config import arch_from_hf, check_layout
+def hf_to_mcore(hf_dir: str, out: str, tp: int, pp: int, timeout_s: float = 3600.0, ep: int = 1,
+                etp: Optional[int] = None) -> None:
+    """Convert an HF folder into a model-only megatron dist checkpoint saved from a tp x pp (x ep) layout."""
+    from hybridrl.adapters.megatron.hf_config import arch_from_hf, check_expert_layout, check_layout
     from hybridrl.adapters.megatron.hf_io import SafetensorsReader
 
     hf_dir = os.path.abspath(os.path.expanduser(hf_dir))
     arch = arch_from_hf(hf_dir)  # FileNotFoundError / UnsupportedModelError name the file or field
     check_layout(arch, tp, pp, None, names=("--tp", "--pp", "--vpp"))  # heads, kv heads, layers must divide
+    check_expert_layout(arch, tp, ep, etp, names=("--ep", "--etp"))
     SafetensorsReader(hf_dir)  # weights present and indexed
     if os.path.isdir(out) and os.listdir(out):
         raise FileExistsError(f"--out {out} exists and is not empty; choose a new folder")
-    world = tp * pp
-    log(f"{hf_dir} ({arch.model_type}, {arch.num_layers} layers) -> {out} at tp={tp} pp={pp}: {world} processes")
+    world = pp * math.lcm(tp, ep * (etp or tp))  # a stage's experts may span data-parallel ranks
+    log(f"{hf_dir} ({arch.model_type}, {arch.num_layers} layers) -> {out} at tp={tp} pp={pp}"
+        + (f" ep={ep} etp={etp or tp}" if arch.is_moe else "") + f": {world} processes")
     start = time.time()
     import torch.multiprocessing as mp
 
-    ctx = mp.start_processes(_hf_to_mcore_rank, args=(world, _free_port(), hf_dir, out, tp, pp), nprocs=world,
+    ctx = mp.start_processes(_hf_to_mcore_rank, args=(world, _free_port(), hf_dir, out, tp, pp, ep, etp), nprocs=world,
                              join=False, start_method="spawn")
     deadline = time.time() + timeout_s
     while not ctx.join(timeout=5):
@@ -70,7 +75,8 @@ def hf_to_mcore(hf_dir: str, out: str, tp: int, pp: int, timeout_s: float = 3600
     log(f"done in {time.time() - start:.1f}s: {out}")
 
 
-def _hf_to_mcore_rank(rank: int, world: int, port: int, hf_dir: str, out: str, tp: int, pp: int) -> None:
+def _hf_to_mcore_rank(rank: int, world: int, port: int, hf_dir: str, out: str, tp: int, pp: int, ep: int,
+                      etp: Optional[int]) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     from hybridrl.adapters.megatron import checkpoint, compat, parallel
@@ -82,13 +88,19 @@ def _hf_to_mcore_rank(rank: int, world: int, port: int, hf_dir: str, out: str, t
 
     compat.apply(force_cpu=True)
     parallel.ensure_process_group(timeout_s=1800)
-    layout = parallel.layout_for(world, tp=tp, pp=pp)
-    parallel.init_megatron(layout, seed=0)
     hf_config = load_hf_config(hf_dir)
     arch = dataclasses.replace(arch_from_hf(hf_config), source=hf_dir)
+    # sequence_parallel: MoE models with tp > 1 need it to train (builder.py); it changes no weight
+    layout = parallel.layout_for(world, tp=tp, pp=pp, ep=ep, etp=etp, sequence_parallel=arch.is_moe)
+    parallel.init_megatron(layout, seed=0)
     chunks = build_model(arch, layout, overrides={"perform_initialization": False})
     n = load_hf_weights(chunks, hf_dir, arch, layout)
-    print(f"{PREFIX} rank {rank}: read {n} tensors for tp rank {rank % tp}, pp stage {rank // tp}", flush=True)
+    from megatron.core import parallel_state as ps
+
+    where = f"tp rank {ps.get_tensor_model_parallel_rank()}, pp stage {ps.get_pipeline_model_parallel_rank()}"
+    if arch.is_moe:
+        where += f", ep rank {ps.get_expert_model_parallel_rank()}"
+    print(f"{PREFIX} rank {rank}: read {n} tensors for {where}", flush=True)
     model = ConvertedModel(Engine(chunks, layout), arch, layout, hf_dir, hf_config,
                            megatron=MegatronConfig(use_distributed_optimizer=False))
     checkpoint.save(out, model)

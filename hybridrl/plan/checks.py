@@ -19,6 +19,8 @@ TP = f"{ARA}.actor.megatron.tensor_model_parallel_size"
 PP = f"{ARA}.actor.megatron.pipeline_model_parallel_size"
 VPP = f"{ARA}.actor.megatron.virtual_pipeline_model_parallel_size"
 ROLLOUT_TP = f"{ARA}.rollout.tensor_model_parallel_size"
+EP = f"{ARA}.actor.megatron.expert_model_parallel_size"
+ETP = f"{ARA}.actor.megatron.expert_tensor_parallel_size"
 UTIL = f"{ARA}.rollout.gpu_memory_utilization"
 
 
@@ -80,6 +82,25 @@ def shape_problems(run: RunConfig, shape: ModelShape) -> list[Problem]:
     if g % r.tp and r.tp % g:
         out.append(Problem(ROLLOUT_TP, f"num_key_value_heads={g} {name} and {ROLLOUT_TP}={r.tp}: vLLM needs one to divide "
                                        f"the other (KV heads are split, or replicated when tp_g > {g})"))
+    return out + _expert_problems(run, shape)
+
+
+def _expert_problems(run: RunConfig, shape: ModelShape) -> list[Problem]:
+    a, name = run.derived.actor, f"({shape.name})"
+    if not shape.is_moe:
+        return [Problem(EP, f"{EP}={a.ep} / {ETP}={a.etp}: {name} is a dense model without experts; leave them unset")
+                ] if a.ep > 1 or a.etp not in (None, a.tp) else []
+    out = []
+    if shape.num_experts % a.ep:
+        eps = ", ".join(str(e) for e in _divisors(shape.num_experts) if (a.world_size // a.pp) % (e * a.expert_tp) == 0)
+        out.append(Problem(EP, f"num_experts={shape.num_experts} {name} is not divisible by {EP}={a.ep}: every ep rank "
+                               f"holds the same number of experts; ep sizes that fit: {eps}"))
+    if shape.moe_ffn_hidden_size % a.expert_tp:
+        out.append(Problem(ETP, f"moe_intermediate_size={shape.moe_ffn_hidden_size} {name} is not divisible by "
+                                f"{ETP}={a.expert_tp}: each etp rank holds a slice of every expert's ffn"))
+    if a.tp > 1 and not a.sequence_parallel:
+        out.append(Problem(f"{ARA}.actor.megatron.sequence_parallel", f"{name}: megatron-core trains mixture-of-experts "
+                                                                     f"layers with tp={a.tp} only under sequence parallelism"))
     return out
 
 

@@ -17,6 +17,7 @@ from .memory import (
     ActivationSetup,
     KVCache,
     MemoryPlan,
+    ModelState,
     Phase,
     RoleMemory,
     RolloutMemory,
@@ -27,6 +28,7 @@ from .memory import (
     rollout_activation_bytes,
     rollout_weight_bytes,
     stage_activation_bytes,
+    stage_expert_params,
     stage_params,
 )
 from .model_shape import ModelShape
@@ -68,7 +70,7 @@ def activation_setup(run: RunConfig, role: str) -> ActivationSetup:
     return ActivationSetup(
         tp=layout.tp, pp=layout.pp, vpp=layout.vpp, sequence_parallel=layout.sequence_parallel, recompute=recompute,
         act_bytes=DTYPE_BYTES[layout.dtype], train_tokens=train, forward_tokens=forward,
-        inflight=batch.grad_accum or layout.pp, logits=role != "critic",
+        inflight=batch.grad_accum or layout.pp, logits=role != "critic", etp=layout.expert_tp,
     )
 
 
@@ -80,13 +82,18 @@ def _role_memory(run: RunConfig, role: str, shape: ModelShape, stage: int) -> Ro
     megatron = {"actor": ara.actor.megatron, "ref": ara.ref.megatron, "critic": cfg.critic.megatron}[role]
     gpu = d.device == "cuda"
     dtype_bytes = DTYPE_BYTES[megatron.dtype] if gpu else 4
-    params = stage_params(shape, layout.tp, layout.pp, stage, lm_head=role != "critic")
+    params = stage_params(shape, layout.tp, layout.pp, stage, lm_head=role != "critic", ep=layout.ep,
+                          etp=layout.expert_tp)
+    experts = stage_expert_params(shape, layout.pp, layout.ep, layout.expert_tp)  # MoE: sharded over expert dp
     optim = cfg.critic.optim if role == "critic" else ara.actor.optim
-    shards = layout.dp * layout.cp if megatron.use_distributed_optimizer else 1
-    state = model_state_bytes(
-        params, dtype_bytes, grad_fp32=bool((megatron.override_ddp_config or {}).get("grad_reduce_in_fp32", True)),
-        optimizer=optim.optimizer, optimizer_shards=shards, trainable=role != "ref",
-    )
+    distributed = megatron.use_distributed_optimizer
+    grad_fp32 = bool((megatron.override_ddp_config or {}).get("grad_reduce_in_fp32", True))
+    state = model_state_bytes(params - experts, dtype_bytes, grad_fp32=grad_fp32, optimizer=optim.optimizer,
+                              optimizer_shards=layout.dp * layout.cp if distributed else 1, trainable=role != "ref")
+    if experts:
+        routed = model_state_bytes(experts, dtype_bytes, grad_fp32=grad_fp32, optimizer=optim.optimizer,
+                                   optimizer_shards=layout.expert_dp if distributed else 1, trainable=role != "ref")
+        state = ModelState(state.params + routed.params, state.grads + routed.grads, state.optimizer + routed.optimizer)
     return RoleMemory(state, offload_params=gpu and megatron.param_offload, offload_grads=gpu and megatron.grad_offload,
                       offload_optimizer=gpu and megatron.optimizer_offload)
 

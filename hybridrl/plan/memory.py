@@ -15,6 +15,13 @@ Model state (Megatron, mixed precision):
 P of stage i = ceil(L/pp) * (W_layer/tp + 2h) + [i = 0] * Vp*h/tp + [i = pp-1] * (h + [untied or pp > 1] * Vp*h/tp),
 W_layer = h*(q + 2kv) + q*h (+ q + 2kv of QKV bias) + 3*h*f (SwiGLU), Vp = V padded up to a multiple of
 lcm(64, tp) as the Megatron adapter builds it (so any tp works; the padded rows are masked).
+Mixture of experts (E experts of width fe, top-k, shared expert fs; ep x etp expert layout): a layer adds
+E*3*h*fe/(ep*etp) routed-expert params and E*h (+ h) replicated router (+ shared gate); 3*h*fs takes the
+MLP's place in W_layer. The distributed optimizer shards the experts' state over the expert data-parallel
+ranks (tp*cp*dp/(ep*etp)), the rest over dp*cp. Activations of an MoE layer replace 3f/tp with
+3fs/tp + k*(3fe/etp + h) (each token's k expert computations and its k dispatched copies; balanced
+routing) + 4E/b (fp32 router logits), plus one layer's all-to-all receive buffers in flight
+(`alltoall_bytes`: dispatch and combine, T*k*h*b each).
 
 Activations kept for the backward pass of one layer and one micro-batch (flash attention, no dropout):
     A_layer = T * (b * (4h/s + (2q + 2kv)/tp + 3f/tp) + 4a/tp)
@@ -79,13 +86,20 @@ def padded_vocab(vocab_size: int, tp: int) -> int:
     return -(-vocab_size // multiple) * multiple
 
 
-def stage_params(shape: ModelShape, tp: int, pp: int, stage: int, lm_head: bool = True) -> int:
+def stage_expert_params(shape: ModelShape, pp: int, ep: int = 1, etp: int = 1) -> int:
+    """Routed-expert parameters held by one GPU of a pipeline stage (0 for a dense model)."""
+    return math.ceil(shape.num_layers / pp) * math.ceil(shape.layer_expert_params() / (ep * etp))
+
+
+def stage_params(shape: ModelShape, tp: int, pp: int, stage: int, lm_head: bool = True, ep: int = 1,
+                 etp: Optional[int] = None) -> int:
     """Parameters held by one GPU of pipeline stage `stage` (see the module docstring).
 
     `lm_head=False` is the critic: a scalar value head (h weights) replaces the output layer.
     """
     layers = math.ceil(shape.num_layers / pp)
     n = layers * (math.ceil(shape.layer_sharded_params() / tp) + shape.layer_replicated_params())
+    n += stage_expert_params(shape, pp, ep, etp or tp)
     vocab_shard = padded_vocab(shape.vocab_size, tp) // tp * shape.hidden_size
     if stage == 0:
         n += vocab_shard
@@ -123,13 +137,22 @@ def model_state_bytes(params: int, dtype_bytes: int, *, grad_fp32: bool = True, 
 
 
 # ------------------------------------------------------------------------------------------- activations
-def layer_activation_bytes(shape: ModelShape, tokens: int, tp: int, sequence_parallel: bool, act_bytes: int) -> int:
+def layer_activation_bytes(shape: ModelShape, tokens: int, tp: int, sequence_parallel: bool, act_bytes: int,
+                           etp: Optional[int] = None) -> int:
     """A_layer: what one layer keeps for its backward pass for `tokens` tokens."""
     s = tp if sequence_parallel else 1
-    mlp = (3 if shape.gated_mlp else 2) * shape.ffn_hidden_size
+    mlp = (3 if shape.gated_mlp else 2) * (shape.shared_expert_ffn_hidden_size if shape.is_moe else shape.ffn_hidden_size)
     per_token = (act_bytes * (4 * shape.hidden_size / s + (2 * shape.q_width + 2 * shape.kv_width + mlp) / tp)
                  + 4 * shape.num_attention_heads / tp)
+    if shape.is_moe:
+        routed = shape.moe_topk * (3 * shape.moe_ffn_hidden_size / (etp or tp) + shape.hidden_size)
+        per_token += act_bytes * routed + 4 * shape.num_experts
     return math.ceil(tokens * per_token)
+
+
+def alltoall_bytes(shape: ModelShape, tokens: int, act_bytes: int) -> int:
+    """One MoE layer's all-to-all receive buffers in flight: the dispatched and the combined token copies."""
+    return 2 * tokens * shape.moe_topk * shape.hidden_size * act_bytes if shape.is_moe else 0
 
 
 def layer_input_bytes(shape: ModelShape, tokens: int, tp: int, sequence_parallel: bool, act_bytes: int) -> int:
@@ -157,12 +180,13 @@ class ActivationSetup:
     forward_tokens: int  # T_fwd: tokens of one forward-only micro-batch (log-probs, values)
     inflight: int  # M: micro-batches per optimizer step on one dp rank
     logits: bool = True  # False for the critic (a scalar value head)
+    etp: Optional[int] = None  # MoE: expert tensor parallel size (None: tp)
 
 
 def stage_activation_bytes(shape: ModelShape, a: ActivationSetup, stage: int) -> int:
     """Peak activation bytes on pipeline stage `stage`: max(training micro-batches in flight, forward-only)."""
     layers = math.ceil(shape.num_layers / a.pp)
-    full = layer_activation_bytes(shape, a.train_tokens, a.tp, a.sequence_parallel, a.act_bytes)
+    full = layer_activation_bytes(shape, a.train_tokens, a.tp, a.sequence_parallel, a.act_bytes, a.etp)
     held = min(a.pp - stage, max(a.inflight, 1))
     factor = 1 + (a.pp - 1) / (a.pp * a.vpp) if a.vpp and a.pp > 1 else 1.0
     if a.recompute:
@@ -171,9 +195,11 @@ def stage_activation_bytes(shape: ModelShape, a: ActivationSetup, stage: int) ->
     else:
         train = math.ceil(layers * held * factor * full)
     last = stage == a.pp - 1
+    train += alltoall_bytes(shape, a.train_tokens, a.act_bytes)
     if last and a.logits:
         train += logits_bytes(shape, a.train_tokens, a.tp, a.act_bytes, backward=True)
-    forward = layer_activation_bytes(shape, a.forward_tokens, a.tp, a.sequence_parallel, a.act_bytes)
+    forward = layer_activation_bytes(shape, a.forward_tokens, a.tp, a.sequence_parallel, a.act_bytes, a.etp)
+    forward += alltoall_bytes(shape, a.forward_tokens, a.act_bytes)
     if last and a.logits:
         forward += logits_bytes(shape, a.forward_tokens, a.tp, a.act_bytes, backward=False)
     return max(train, forward)
@@ -187,7 +213,8 @@ def kv_bytes_per_token(shape: ModelShape, tp_g: int, dtype_bytes: int) -> int:
 
 def rollout_weight_bytes(shape: ModelShape, tp_g: int, dtype_bytes: int) -> int:
     """The rollout engine's copy of the weights on one GPU (tensor parallel over tp_g, no pipeline)."""
-    n = shape.num_layers * (math.ceil(shape.layer_sharded_params() / tp_g) + shape.layer_replicated_params())
+    n = shape.num_layers * (math.ceil((shape.layer_sharded_params() + shape.layer_expert_params()) / tp_g)
+                            + shape.layer_replicated_params())  # vLLM splits every expert's ffn over tp_g
     heads = 1 if shape.tie_word_embeddings else 2
     n += heads * math.ceil(shape.vocab_size / tp_g) * shape.hidden_size + shape.hidden_size
     return n * dtype_bytes
@@ -196,7 +223,9 @@ def rollout_weight_bytes(shape: ModelShape, tp_g: int, dtype_bytes: int) -> int:
 def rollout_activation_bytes(shape: ModelShape, tp_g: int, dtype_bytes: int, max_num_batched_tokens: int,
                              max_num_seqs: int, enforce_eager: bool) -> int:
     """vLLM's profiling peak outside weights and KV cache (forward of a full batch, sampler, CUDA graphs)."""
-    width = 2 * shape.hidden_size + (shape.q_width + 2 * shape.kv_width + 2 * shape.ffn_hidden_size) / tp_g
+    ffn = (shape.moe_topk * shape.moe_ffn_hidden_size + shape.shared_expert_ffn_hidden_size if shape.is_moe
+           else shape.ffn_hidden_size)  # MoE: each token's k experts (the fused kernel's intermediate)
+    width = 2 * shape.hidden_size + (shape.q_width + 2 * shape.kv_width + 2 * ffn) / tp_g
     forward = math.ceil(max_num_batched_tokens * dtype_bytes * width)
     sampler = max_num_seqs * shape.vocab_size * 8
     return forward + sampler + (0 if enforce_eager else CUDA_GRAPH_BYTES)

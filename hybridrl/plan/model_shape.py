@@ -30,6 +30,16 @@ class ModelShape:
     qkv_bias: bool
     gated_mlp: bool = True  # SwiGLU: gate and up projections (3 matrices); plain MLP: 2
     source: str = "built-in table"
+    # Mixture of experts (every layer an MoE layer): 0 experts is a dense model.
+    num_experts: int = 0
+    moe_topk: int = 0  # experts per token
+    moe_ffn_hidden_size: int = 0  # one routed expert's intermediate size
+    shared_expert_ffn_hidden_size: int = 0  # qwen2_moe's always-on expert
+    qk_norm: bool = False  # qwen3: RMSNorm of q and k per head (2 * head_dim weights a layer)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
 
     # ----------------------------------------------------------------------------------------- counts
     @property
@@ -41,15 +51,26 @@ class ModelShape:
         return self.num_key_value_heads * self.head_dim
 
     def layer_sharded_params(self) -> int:
-        """Weights of one layer that Megatron splits over tp: QKV (+ bias), output projection, MLP."""
-        h, q, kv, f = self.hidden_size, self.q_width, self.kv_width, self.ffn_hidden_size
+        """Weights of one layer that Megatron splits over tp: QKV (+ bias), output projection, the MLP (MoE: the
+        shared expert only; routed experts are `layer_expert_params`)."""
+        h, q, kv = self.hidden_size, self.q_width, self.kv_width
+        f = self.shared_expert_ffn_hidden_size if self.is_moe else self.ffn_hidden_size
         attn = h * (q + 2 * kv) + q * h + (q + 2 * kv if self.qkv_bias else 0)
         mlp = (3 if self.gated_mlp else 2) * h * f
         return attn + mlp
 
     def layer_replicated_params(self) -> int:
-        """The two RMSNorm weights of a layer (kept whole on every tp rank)."""
-        return 2 * self.hidden_size
+        """A layer's weights kept whole on every tp rank: the two RMSNorms (+ q/k norms), an MoE layer's router
+        [E, h] and its shared expert's gate [1, h]."""
+        n = 2 * self.hidden_size + (2 * self.head_dim if self.qk_norm else 0)
+        if self.is_moe:
+            n += self.num_experts * self.hidden_size + (self.hidden_size if self.shared_expert_ffn_hidden_size else 0)
+        return n
+
+    def layer_expert_params(self, experts: Optional[int] = None) -> int:
+        """Routed experts of one layer (all of them, or `experts` of them): split over ep x etp ranks."""
+        n = self.num_experts if experts is None else experts
+        return n * 3 * self.hidden_size * self.moe_ffn_hidden_size
 
     def embedding_params(self) -> int:
         return self.vocab_size * self.hidden_size
@@ -57,9 +78,19 @@ class ModelShape:
     @property
     def params(self) -> int:
         """Total parameters as HuggingFace counts them (a tied LM head counted once)."""
-        per_layer = self.layer_sharded_params() + self.layer_replicated_params()
+        per_layer = self.layer_sharded_params() + self.layer_replicated_params() + self.layer_expert_params()
         head = 0 if self.tie_word_embeddings else self.embedding_params()
         return self.num_layers * per_layer + self.embedding_params() + head + self.hidden_size
+
+    @property
+    def expert_params(self) -> int:
+        """Routed experts of all layers (0 for a dense model)."""
+        return self.num_layers * self.layer_expert_params()
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token runs through: all but the routed experts it is not sent to."""
+        return self.params - self.num_layers * self.layer_expert_params(max(self.num_experts - self.moe_topk, 0))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -67,6 +98,9 @@ class ModelShape:
             "ffn_hidden_size": self.ffn_hidden_size, "num_attention_heads": self.num_attention_heads,
             "num_key_value_heads": self.num_key_value_heads, "head_dim": self.head_dim, "vocab_size": self.vocab_size,
             "tie_word_embeddings": self.tie_word_embeddings, "params": self.params,
+            "num_experts": self.num_experts, "moe_topk": self.moe_topk, "moe_ffn_hidden_size": self.moe_ffn_hidden_size,
+            "shared_expert_ffn_hidden_size": self.shared_expert_ffn_hidden_size, "expert_params": self.expert_params,
+            "active_params": self.active_params,
         }
 
 
@@ -78,6 +112,13 @@ class ModelShapeError(ValueError):
 def _qwen2(layers: int, hidden: int, ffn: int, heads: int, kv: int, vocab: int, tied: bool) -> dict[str, Any]:
     return dict(model_type="qwen2", num_hidden_layers=layers, hidden_size=hidden, intermediate_size=ffn,
                 num_attention_heads=heads, num_key_value_heads=kv, vocab_size=vocab, tie_word_embeddings=tied)
+
+
+def _qwen3_moe(layers: int, hidden: int, ffn: int, expert_ffn: int, experts: int, topk: int, heads: int, kv: int,
+               vocab: int) -> dict[str, Any]:
+    return dict(model_type="qwen3_moe", num_hidden_layers=layers, hidden_size=hidden, intermediate_size=ffn,
+                moe_intermediate_size=expert_ffn, num_experts=experts, num_experts_per_tok=topk, head_dim=128,
+                num_attention_heads=heads, num_key_value_heads=kv, vocab_size=vocab, tie_word_embeddings=False)
 
 
 def _llama(layers: int, hidden: int, ffn: int, heads: int, kv: int, vocab: int) -> dict[str, Any]:
@@ -97,6 +138,10 @@ KNOWN_CONFIGS: dict[str, dict[str, Any]] = {
     "Llama-3-8B": _llama(32, 4096, 14336, 32, 8, 128256),
     "Llama-3-70B": _llama(80, 8192, 28672, 64, 8, 128256),
     "deepseek-llm-7b": _llama(30, 4096, 11008, 32, 32, 102400),  # verl's default model path
+    # (layers, hidden, intermediate (unused: every layer is MoE), expert intermediate, experts, top-k, heads,
+    # kv heads, vocab)
+    "Qwen3-30B-A3B": _qwen3_moe(48, 2048, 6144, 768, 128, 8, 32, 4, 151936),
+    "Qwen3-235B-A22B": _qwen3_moe(94, 4096, 12288, 1536, 128, 8, 64, 4, 151936),
 }
 # Other spellings of the same shapes (Llama 3.1/3.3 keep the Llama 3 shape; Qwen2 shares Qwen2.5's).
 _ALIASES = {
@@ -125,14 +170,19 @@ def from_hf_config(config: Mapping[str, Any], name: str = "model", source: str =
     except KeyError as e:
         raise ModelShapeError(f"{source}: no {e.args[0]} (not a decoder-only model config?)") from None
     model_type = str(c.get("model_type", ""))
-    qkv_bias = bool(c.get("attention_bias", model_type == "qwen2"))
+    qkv_bias = bool(c.get("attention_bias", model_type == "qwen2")) or bool(c.get("qkv_bias", model_type == "qwen2_moe"))
     act = str(c.get("hidden_act", "silu"))
+    experts = int(c.get("num_experts") or c.get("num_local_experts") or c.get("n_routed_experts") or 0)
     return ModelShape(
         name=name, num_layers=layers, hidden_size=hidden, ffn_hidden_size=ffn, num_attention_heads=heads,
         num_key_value_heads=int(c.get("num_key_value_heads") or heads),
         head_dim=int(c.get("head_dim") or hidden // heads), vocab_size=vocab,
         tie_word_embeddings=bool(c.get("tie_word_embeddings", False)), qkv_bias=qkv_bias,
         gated_mlp=act in ("silu", "swish", "gelu_pytorch_tanh") or "glu" in act, source=source,
+        num_experts=experts, moe_topk=int(c.get("num_experts_per_tok") or 0) if experts else 0,
+        moe_ffn_hidden_size=int(c.get("moe_intermediate_size") or ffn) if experts else 0,
+        shared_expert_ffn_hidden_size=int(c.get("shared_expert_intermediate_size") or 0) if experts else 0,
+        qk_norm=model_type in ("qwen3", "qwen3_moe"),
     )
 
 

@@ -9,11 +9,15 @@ config itself was refused). All memory values are bytes per GPU.
     gpu_memory_bytes    --gpu-mem-gb in bytes (GiB = 2**30)
     overhead_bytes      the flat per-GPU allowance (--overhead-gb; 0 on CPU)
     model               name, source, num_layers, hidden_size, ffn_hidden_size, num_attention_heads,
-                        num_key_value_heads, head_dim, vocab_size, tie_word_embeddings, params
+                        num_key_value_heads, head_dim, vocab_size, tie_word_embeddings, params, num_experts,
+                        moe_topk, moe_ffn_hidden_size, shared_expert_ffn_hidden_size, expert_params,
+                        active_params (the parameters one token runs through; = params for a dense model)
     layout              device, world_size, nnodes, n_gpus_per_node, tp, pp, vpp, cp, dp, sequence_parallel, dtype,
                         use_distributed_optimizer, recompute, train_tokens_per_micro_batch,
                         forward_tokens_per_micro_batch, micro_batches_in_flight, rollout_engine, rollout_tp,
-                        rollout_dp, gpu_memory_utilization, free_cache_engine, use_reference, use_critic
+                        rollout_dp, gpu_memory_utilization, free_cache_engine, use_reference, use_critic,
+                        ep, etp, expert_dp, alltoall_bytes_per_layer (MoE: one layer's all-to-all receive
+                        buffers of a training micro-batch, included in phases.train_actor.activations)
     phases              {train_actor, train_critic, rollout}: each {<component>: bytes, ..., total, stage}
                         components: actor_params actor_grads actor_optimizer ref_params critic_params
                         critic_grads critic_optimizer activations rollout_weights rollout_activations
@@ -36,7 +40,7 @@ from hybridrl.config import RunConfig
 
 from .checks import Problem
 from .estimate import activation_setup, recompute_enabled
-from .memory import COMPONENTS, PHASES, GiB, MemoryPlan
+from .memory import COMPONENTS, PHASES, GiB, MemoryPlan, alltoall_bytes
 from .model_shape import ModelShape
 
 FORMAT = "hybridrl.plan/1"
@@ -44,7 +48,7 @@ KEYS = ("format", "ok", "gpu_memory_bytes", "overhead_bytes", "model", "layout",
         "problems", "notes", "summary")
 
 
-def layout_dict(run: RunConfig) -> dict[str, Any]:
+def layout_dict(run: RunConfig, shape: Optional[ModelShape] = None) -> dict[str, Any]:
     d, cfg = run.derived, run.cfg
     a, r = d.actor, cfg.actor_rollout_ref.rollout
     act = activation_setup(run, "actor")
@@ -58,6 +62,8 @@ def layout_dict(run: RunConfig) -> dict[str, Any]:
         "micro_batches_in_flight": min(act.inflight, a.pp), "rollout_engine": d.rollout.engine,
         "rollout_tp": d.rollout.tp, "rollout_dp": d.rollout.dp, "gpu_memory_utilization": r.gpu_memory_utilization,
         "free_cache_engine": r.free_cache_engine, "use_reference": d.use_reference, "use_critic": d.use_critic,
+        "ep": a.ep, "etp": a.expert_tp, "expert_dp": a.expert_dp,
+        "alltoall_bytes_per_layer": alltoall_bytes(shape, act.train_tokens, act.act_bytes) if shape else 0,
     }
 
 
@@ -67,7 +73,7 @@ def to_json_dict(run: Optional[RunConfig], shape: Optional[ModelShape], plan: Op
     out.update(format=FORMAT, ok=not problems, gpu_memory_bytes=gpu_memory_bytes,
                problems=[p.to_dict() for p in problems], notes=list(notes))
     if run is not None:
-        out.update(layout=layout_dict(run), summary=run.summary())
+        out.update(layout=layout_dict(run, shape), summary=run.summary())
     if shape is not None:
         out["model"] = shape.to_dict()
     if plan is not None:
@@ -89,6 +95,7 @@ def table(run: RunConfig, shape: ModelShape, plan: MemoryPlan) -> str:
         f"model: {shape.name} ({shape.source}): {shape.params / 1e9:.2f}B params, {shape.num_layers} layers, "
         f"hidden {shape.hidden_size}, {shape.num_attention_heads} heads / {shape.num_key_value_heads} KV heads, "
         f"vocab {shape.vocab_size}",
+        *([_experts_line(run, shape)] if shape.is_moe else []),
         run.summary(),
         "",
         f"memory, {unit}, {where} (busiest pipeline stage of each phase):",
@@ -103,6 +110,15 @@ def table(run: RunConfig, shape: ModelShape, plan: MemoryPlan) -> str:
         lines.append(f"KV cache: {max(kv.bytes, 0) / GiB:.2f} GiB = {kv.tokens:,} tokens ({kv.bytes_per_token / 1024:.0f} KiB "
                      f"per token) = {kv.full_length_sequences} sequences of {kv.max_model_len} tokens")
     return "\n".join(lines)
+
+
+def _experts_line(run: RunConfig, shape: ModelShape) -> str:
+    a, act = run.derived.actor, activation_setup(run, "actor")
+    buffers = alltoall_bytes(shape, act.train_tokens, act.act_bytes)
+    return (f"experts: {shape.num_experts} x top-{shape.moe_topk} of width {shape.moe_ffn_hidden_size}: "
+            f"{shape.expert_params / 1e9:.2f}B expert params, {shape.active_params / 1e9:.2f}B active per token; "
+            f"{shape.num_experts // max(a.ep, 1)} experts per GPU (ep={a.ep}, etp={a.expert_tp}, expert dp={a.expert_dp}); "
+            f"all-to-all buffers {buffers / 2**20:.0f} MiB per MoE layer and micro-batch")
 
 
 def verdict(plan: MemoryPlan, problems: list[Problem], notes: list[str], device: str) -> str:

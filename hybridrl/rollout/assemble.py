@@ -23,12 +23,16 @@ def assemble_rollout(
     n: int,
     max_tokens: int,
     pad_token_id: int,
+    routed_experts: Optional[torch.Tensor] = None,
 ) -> DataProto:
     """Output batch of B*n rows from B prompts and B*n generated token lists.
 
     responses[i*n + j] is sample j of prompt i: its generated tokens, ending with the stop token when
     one was hit (the stop token is part of the response and of response_mask). logprobs[k] gives the
     per-token log-probs of responses[k] (same length); None (for all or one sample) means zeros.
+    routed_experts (MoE engines asked to record routing): [B*n, P + max_tokens, layers, k] expert ids of
+    every token the engine ran, in the output's input_ids layout, -1 where unknown; kept as int16 with -1
+    outside the attention mask (padding, and the last response token, which no forward pass routes).
     """
     _check_inputs(prompts, responses, logprobs, n, max_tokens)
     rows = len(responses)
@@ -58,6 +62,10 @@ def assemble_rollout(
         "response_mask": response_mask.to(prompt_ids.device),
         "rollout_log_probs": rollout_log_probs.to(prompt_ids.device),
     }
+    if routed_experts is not None:
+        routed = routed_experts.to(torch.int16).clone()
+        routed[~tensors["attention_mask"].bool().to(routed.device)] = -1
+        tensors["routed_experts"] = routed.to(prompt_ids.device)
     return DataProto(tensors, dict(repeated.non_tensor_batch), dict(prompts.meta_info))
 
 

@@ -11,6 +11,8 @@ Output batch (B * n samples, each prompt's n samples adjacent, i.e. repeat(n, in
     from: softmax(logits / temperature) restricted to the top-k / top-p set and renormalized, which is
     vLLM's "processed_logprobs"; with top-k and top-p off it equals the actor's recomputed log-prob at
     the same temperature; 0 on padding).
+    routed_experts [B*n, P+R, layers, k] int16 (only from an MoE engine built with record_routing): the
+    experts each token was routed to in each layer, -1 where no forward pass routed it (see assemble.py).
 Non-tensor keys are repeated alongside.
 
 Engines hold their own copy of the weights, keyed by HuggingFace names; the hybrid engine fills it with

@@ -5,6 +5,12 @@ the weights (fp32 on CPU by default), filled only by `load_weights` from the hyb
 never from a checkpoint. For tp_g > 1 it does not shard: every rank of a replica holds the full model
 and generates the same tokens (same seed), so the layout logic is exercised without a sharded kernel.
 
+Weights are named as in HF checkpoints (what the actor exports and vLLM loads). transformers >= 5 keeps a
+mixture-of-experts layer's experts as two 3-D parameters (gate_up_proj [E, 2f, h], down_proj [E, h, f]);
+checkpoints keep one gate/up/down per expert (and Mixtral's block_sparse_moe prefix): the engine names
+views of the 3-D parameters by their checkpoint names, so loading, checksums and the direct copy work
+per expert and write straight into the fused parameters.
+
 Generation: prompts are left-padded, so one batched prefill with the prompt's attention mask and
 explicit position ids fills a DynamicCache; the cache is then repeated n times (no re-prefill per
 sample) and each decode step feeds one token per active row. Finished rows are dropped from the
@@ -53,6 +59,7 @@ class TorchRolloutEngine(RolloutEngine):
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
         attn_implementation: str = "sdpa",
+        record_routing: bool = False,
     ) -> None:
         from transformers import AutoModelForCausalLM
 
@@ -65,13 +72,20 @@ class TorchRolloutEngine(RolloutEngine):
         model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype, attn_implementation=attn_implementation)
         self.model = model.to(self.device).eval().requires_grad_(False)
         # remove_duplicate=False keeps tied aliases (lm_head.weight -> embed_tokens.weight) as names
-        self._params = dict(self.model.named_parameters(remove_duplicate=False))
+        self._params = checkpoint_weights(self.model, getattr(hf_config, "model_type", ""))
         self._canonical = _canonical_names(self._params)
         self._required = set(self._canonical.values())
         self._pending: set[str] = set()  # canonical names loaded since the last finished sync
         self._complete = False  # every weight came from load_weights since init / the last level-2 sleep
         self._awake = {"weights": True, "kv_cache": True}
         self._cache: Optional[Any] = None  # the live KV cache, only during generate
+        self._routers = _routers(self.model) if record_routing else []
+        if record_routing and not self._routers:
+            raise ValueError(f"record_routing: {type(self.model).__name__} has no MoE router (a dense model?); set "
+                             "actor_rollout_ref.rollout.enable_rollout_routing_replay=false")
+        self._routed: Optional[list[torch.Tensor]] = None  # each router's top-k ids of the last forward
+        for router in self._routers:
+            router.register_forward_hook(self._record_route)
 
     @classmethod
     def from_rollout_config(cls, hf_config: Any, rollout_cfg: Any, *, tokenizer: Optional[Any] = None,
@@ -79,7 +93,8 @@ class TorchRolloutEngine(RolloutEngine):
         """From actor_rollout_ref.rollout: fp32 on CPU (as the CPU actor trains), rollout.dtype on GPU."""
         device = torch.device(device)
         dtype = torch.float32 if device.type == "cpu" else getattr(torch, rollout_cfg.dtype)
-        return cls(hf_config, tokenizer=tokenizer, dtype=dtype, device=device)
+        return cls(hf_config, tokenizer=tokenizer, dtype=dtype, device=device,
+                   record_routing=bool(getattr(rollout_cfg, "enable_rollout_routing_replay", False)))
 
     # ------------------------------------------------------------------ weights
     @torch.no_grad()
@@ -164,18 +179,27 @@ class TorchRolloutEngine(RolloutEngine):
         rows = ids.shape[0] * sampling.n
         responses: list[list[int]] = [[] for _ in range(rows)]
         logprobs: list[list[float]] = [[] for _ in range(rows)]
+        routed = None
+        if self._routers:  # [rows, P + R, layers, k] expert ids, -1 where no forward pass routed the token
+            k = int(self.hf_config.num_experts_per_tok)
+            routed = torch.full((rows, ids.shape[1] + sampling.max_tokens, len(self._routers), k), -1,
+                                dtype=torch.int16)
         if sampling.max_tokens > 0 and rows > 0:
-            self._decode(ids, mask, pos, sampling, responses, logprobs)
+            self._decode(ids, mask, pos, sampling, responses, logprobs, routed)
         return assemble_rollout(prompts, responses, logprobs if sampling.logprobs else None, n=sampling.n,
-                                max_tokens=sampling.max_tokens, pad_token_id=self.pad_token_id)
+                                max_tokens=sampling.max_tokens, pad_token_id=self.pad_token_id, routed_experts=routed)
 
     def _decode(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, sampling: SamplingParams,
-                responses: list[list[int]], logprobs: list[list[float]]) -> None:
+                responses: list[list[int]], logprobs: list[list[float]], routed: Optional[torch.Tensor]) -> None:
         from transformers import DynamicCache
 
         n = sampling.n
+        prompt_len = ids.shape[1]
         self._cache = DynamicCache(config=self.hf_config)
+        self._routed = [] if routed is not None else None
         logits = self._forward(ids, mask, pos)  # [B, V] at each prompt's last token
+        if routed is not None:  # prefill: every prompt position of each prompt's n samples
+            routed[:, :prompt_len] = self._take_routes(ids.shape).repeat_interleave(n, dim=0)
         if n > 1:
             self._cache.batch_repeat_interleave(n)
             logits, mask, pos = (t.repeat_interleave(n, dim=0) for t in (logits, mask, pos))
@@ -200,8 +224,22 @@ class TorchRolloutEngine(RolloutEngine):
                 mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=-1)
                 last_pos = last_pos + 1
                 logits = self._forward(tokens[:, None], mask, last_pos[:, None])
+                if routed is not None:  # the token sampled at this step, fed back in
+                    routed[active.cpu(), prompt_len + step] = self._take_routes((len(active), 1))[:, 0]
         finally:
             self._cache = None  # the cache lives for one generate call only
+            self._routed = None
+
+    def _record_route(self, module: torch.nn.Module, inputs: Any, output: Any) -> None:
+        if self._routed is not None:
+            self._routed.append(output[2].detach())  # transformers' TopKRouter: (logits, weights, indices)
+
+    def _take_routes(self, shape: tuple[int, int]) -> torch.Tensor:
+        """The last forward's routing as [rows, positions, layers, k] (routers run once each, in layer order)."""
+        routes, self._routed = self._routed or [], []
+        if len(routes) != len(self._routers):
+            raise RuntimeError(f"record_routing: {len(routes)} router calls in one forward, expected {len(self._routers)}")
+        return torch.stack([r.reshape(*shape, -1) for r in routes], dim=2).to("cpu", torch.int16)
 
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=self._cache,
@@ -233,6 +271,37 @@ class TorchRolloutEngine(RolloutEngine):
         if limit is not None and mask.shape[-1] + sampling.max_tokens > limit:
             raise ValueError(f"prompt length {mask.shape[-1]} + max_tokens {sampling.max_tokens} exceeds the model's "
                              f"max_position_embeddings={limit}; lower data.max_prompt_length / max_response_length")
+
+
+# Checkpoint names of one MoE layer's routed experts: (block, gate, up, down); the mapping's HF_EXPERT_NAMES.
+EXPERT_CHECKPOINT_NAMES = {"mixtral": ("block_sparse_moe", "w1", "w3", "w2")}
+EXPERT_DEFAULT = ("mlp", "gate_proj", "up_proj", "down_proj")
+
+
+def checkpoint_weights(model: torch.nn.Module, model_type: str) -> dict[str, torch.Tensor]:
+    """The model's weights by checkpoint name: parameters, and per-expert views of fused 3-D expert weights."""
+    block, gate, up, down = EXPERT_CHECKPOINT_NAMES.get(model_type, EXPERT_DEFAULT)
+    out: dict[str, torch.Tensor] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if block != "mlp":
+            name = name.replace(".mlp.", f".{block}.")
+        fused = name.endswith(".experts.gate_up_proj"), name.endswith(".experts.down_proj")
+        if p.dim() != 3 or not any(fused):
+            out[name] = p
+            continue
+        prefix = name.rsplit(".", 1)[0]
+        for e in range(p.shape[0]):
+            if fused[0]:  # [gate rows; up rows] per expert
+                f = p.shape[1] // 2
+                out[f"{prefix}.{e}.{gate}.weight"], out[f"{prefix}.{e}.{up}.weight"] = p[e, :f], p[e, f:]
+            else:
+                out[f"{prefix}.{e}.{down}.weight"] = p[e]
+    return out
+
+
+def _routers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """transformers' MoE routers (…TopKRouter, returning (logits, weights, top-k indices)), in layer order."""
+    return [m for m in model.modules() if type(m).__name__.endswith("TopKRouter")]
 
 
 def _canonical_names(params: dict[str, torch.nn.Parameter]) -> dict[str, str]:

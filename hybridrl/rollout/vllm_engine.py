@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence
 
@@ -107,6 +108,7 @@ class VLLMRolloutEngine(RolloutEngine):
         load_format: str = "dummy",
         cudagraph_capture_sizes: Optional[Sequence[int]] = None,
         engine_kwargs: Optional[dict[str, Any]] = None,
+        record_routing: bool = False,
     ) -> None:
         if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
             raise RuntimeError("VLLM_ENABLE_V1_MULTIPROCESSING must be 0 for the colocated engine (set before importing vllm)")
@@ -120,6 +122,13 @@ class VLLMRolloutEngine(RolloutEngine):
         # all-reduce maps tp ranks to CUDA_VISIBLE_DEVICES positions, which fails wherever a process does
         # not see its peers' GPUs (a Ray actor restricted to its own GPU, seen on 2 x H200).
         kwargs.setdefault("disable_custom_all_reduce", True)
+        if record_routing:  # MoE: every token's experts come back with each completion (vLLM >= 0.26)
+            kwargs["enable_return_routed_experts"] = True
+        if _num_experts(_read_config(model_dir)):
+            # Triton keeps w13 as loaded ([gate; up] per expert); FlashInfer's kernels re-lay it out after the
+            # first load, and a later sync's load_weights or direct copy would then write the old layout.
+            kwargs.setdefault("moe_backend", "triton")
+        self.record_routing = record_routing
         if cudagraph_capture_sizes and not enforce_eager:
             compilation = dict(kwargs.pop("compilation_config", None) or {})
             if "max_cudagraph_capture_size" not in compilation:  # the user's own vLLM setting wins
@@ -168,6 +177,7 @@ class VLLMRolloutEngine(RolloutEngine):
         # HF rows of each member of a fused parameter, in vLLM's stacking order
         self._fused_rows = {"qkv_proj": (hf.num_attention_heads * head_dim, kv * head_dim, kv * head_dim),
                             "gate_up_proj": (hf.intermediate_size, hf.intermediate_size)}
+        self._num_experts = _num_experts(hf)
 
     @classmethod
     def from_config(cls, model_dir: str, rollout_cfg: Any, *, tp_g: int, pad_token_id: int,
@@ -186,6 +196,7 @@ class VLLMRolloutEngine(RolloutEngine):
             load_format=load_format,
             cudagraph_capture_sizes=r.cudagraph_capture_sizes or capture_sizes(max_batch_rows, r.max_num_seqs),
             engine_kwargs=dict((r.engine_kwargs or {}).get("vllm", {}) or {}),
+            record_routing=bool(getattr(r, "enable_rollout_routing_replay", False)),
         )
 
     def startup_times(self) -> dict[str, float]:
@@ -226,19 +237,25 @@ class VLLMRolloutEngine(RolloutEngine):
         outputs = self.llm.generate([{"prompt_token_ids": t} for t in token_lists], params, use_tqdm=False)
         responses: list[list[int]] = []
         logprobs: list[list[float]] = []
+        routes: list[Any] = []
         for out in outputs:
             if len(out.outputs) != sampling.n:
                 raise RuntimeError(f"vLLM returned {len(out.outputs)} samples for a prompt, expected n={sampling.n}")
             for comp in out.outputs:
                 toks = list(comp.token_ids)
                 responses.append(toks)
+                routes.append(getattr(comp, "routed_experts", None))
                 if sampling.logprobs and comp.logprobs is not None:
                     logprobs.append([step[t].logprob for step, t in zip(comp.logprobs, toks)])
                 else:
                     logprobs.append([0.0] * len(toks))
+        routed = None
+        if self.record_routing:
+            lengths = [len(t) for t in token_lists for _ in range(sampling.n)]
+            routed = routing_tensor(routes, lengths, ids.shape[1], sampling.max_tokens)
         return assemble_rollout(
             prompts, responses, logprobs, n=sampling.n, max_tokens=sampling.max_tokens,
-            pad_token_id=self.pad_token_id,
+            pad_token_id=self.pad_token_id, routed_experts=routed,
         )
 
     # ------------------------------------------------------------------ weights
@@ -252,7 +269,9 @@ class VLLMRolloutEngine(RolloutEngine):
 
         wanted = list(regions)
         rank = get_tensor_model_parallel_rank()
-        return self.llm.apply_model(lambda model: _weight_views(model, wanted, self.tp_size, rank, self._fused_rows))[0]
+        experts = self._num_experts
+        return self.llm.apply_model(
+            lambda model: _weight_views(model, wanted, self.tp_size, rank, self._fused_rows, experts))[0]
 
     def weight_checksums(self, hf_names: Iterable[str]) -> dict[str, float]:
         """Float64 sums of the named HF weights as vLLM holds them, reduced over the replica's tp group.
@@ -265,6 +284,11 @@ class VLLMRolloutEngine(RolloutEngine):
         return self.llm.apply_model(lambda model: _local_sums(model, wanted, self.tp_size))[0]
 
     def checksum_terms(self, hf_name: str) -> list[tuple[str, float]]:
+        expert = _expert_of(hf_name)
+        if expert is not None:  # a fused w13 / w2 holds this member of every expert of the layer
+            prefix, _, member, kind = expert
+            names = CHECKPOINT_PROJ[kind][1:] if member is not None else CHECKPOINT_PROJ[kind][:1]
+            return [(f"{prefix}.{e}.{n}.weight", 1.0) for e in range(self._num_experts) for n in names]
         _, _, size = _vllm_name(hf_name)
         if size == 1:
             return [(hf_name, 1.0)]
@@ -291,6 +315,90 @@ class VLLMRolloutEngine(RolloutEngine):
         return EngineMemory(extra={"device_free_bytes": free, "device_total_bytes": total})
 
 
+def routing_tensor(routes: Sequence[Any], prompt_lengths: Sequence[int], prompt_width: int,
+                   max_tokens: int) -> torch.Tensor:
+    """vLLM's per-completion routed experts ([prompt + generated - 1 tokens, layers, k] arrays: the last sampled
+    token is never run) -> [rows, P + R, layers, k] int16 in the rollout layout (left-padded prompts), -1 where
+    unknown."""
+    shaped = [r for r in routes if r is not None]
+    if not shaped:
+        raise RuntimeError("vLLM returned no routed experts: is the model a mixture of experts? (set "
+                           "actor_rollout_ref.rollout.enable_rollout_routing_replay=false for dense models)")
+    layers, k = shaped[0].shape[1:]
+    out = torch.full((len(routes), prompt_width + max_tokens, layers, k), -1, dtype=torch.int16)
+    for row, (r, p) in enumerate(zip(routes, prompt_lengths)):
+        if r is None:
+            continue
+        r = torch.as_tensor(r, dtype=torch.int16)[: p + max_tokens]
+        out[row, prompt_width - p: prompt_width - p + r.shape[0]] = r
+    return out
+
+
+# Routed experts: HF checkpoints name one gate/up/down per expert (<prefix>.experts.<e>.<proj>.weight); vLLM's
+# FusedMoE holds a layer's local experts in two parameters under the same <prefix>.experts module (0.26:
+# ...experts.routed_experts.w13_weight [E_local, 2 f_local, h] = [gate rows; up rows] per expert, and
+# ...w2_weight [E_local, h, f_local]). f_local = f / tp_g and E_local = E (tensor parallel experts, vLLM's
+# default), or f_local = f and E_local = E / tp_g (enable_expert_parallel: rank r holds experts r*E_local..).
+CHECKPOINT_PROJ = {"qwen": ("down_proj", "gate_proj", "up_proj"), "mixtral": ("w2", "w1", "w3")}
+_EXPERT_NAME = re.compile(r"^(?P<prefix>.+\.experts)\.(?P<expert>\d+)\.(?P<proj>gate_proj|up_proj|down_proj|w1|w3|w2)\.weight$")
+
+
+def _expert_of(hf_name: str) -> Optional[tuple[str, int, Optional[int], str]]:
+    """(experts prefix, expert, member of w13 (0 gate, 1 up) or None for w2, naming kind) of an expert weight."""
+    m = _EXPERT_NAME.match(hf_name)
+    if m is None:
+        return None
+    kind = "mixtral" if m["proj"] in ("w1", "w2", "w3") else "qwen"
+    down, gate, up = CHECKPOINT_PROJ[kind]
+    member = {gate: 0, up: 1, down: None}[m["proj"]]
+    return m["prefix"], int(m["expert"]), member, kind
+
+
+def _expert_params(params: dict[str, torch.Tensor]) -> dict[tuple[str, str], str]:
+    """(experts prefix, "w13" | "w2") -> the vLLM parameter name holding them."""
+    out = {}
+    for name in params:
+        for kind in ("w13", "w2"):
+            if name.endswith(f".{kind}_weight") and ".experts." in name:
+                out[(name[: name.index(".experts.") + len(".experts")], kind)] = name
+    return out
+
+
+def _place_expert(p: torch.Tensor, r: WeightRegion, expert: int, member: Optional[int], experts: int, tp: int,
+                  rank: int) -> tuple[Optional[torch.Tensor], int]:
+    """(view of vLLM's fused expert parameter `p` holding region r, HF elements of r's weight held here)."""
+    local = p.shape[0]
+    e = expert if local == experts else expert - rank * local  # expert parallel: a block of experts per rank
+    if not 0 <= e < local:
+        return None, 0
+    ffn_dim = 0 if member is not None else 1  # gate/up: rows of [f, h]; down: columns of [h, f]
+    f_local = p.shape[1] // 2 if member is not None else p.shape[2]
+    lo = rank * f_local if tp > 1 and f_local < r.extent else 0
+    held = f_local * (p.shape[2] if member is not None else p.shape[1])
+    if r.dim != ffn_dim or r.start < lo or r.stop > lo + f_local:
+        return None, held
+    if member is not None:
+        view = p[e].narrow(0, member * f_local + r.start - lo, r.stop - r.start)
+    else:
+        view = p[e].narrow(1, r.start - lo, r.stop - r.start)
+    return shaped_view(view, r.src.shape), held
+
+
+def _num_experts(hf: Any) -> int:
+    return int(getattr(hf, "num_experts", None) or getattr(hf, "num_local_experts", None) or 0)
+
+
+def _read_config(model_dir: str) -> Any:
+    import json
+    from types import SimpleNamespace
+
+    try:
+        with open(os.path.join(model_dir, "config.json")) as f:
+            return SimpleNamespace(**json.load(f))
+    except (OSError, ValueError):
+        return SimpleNamespace()
+
+
 def _vllm_name(hf_name: str) -> tuple[str, int, int]:
     """(vLLM parameter name, index within its fused group, group size) of an HF weight name."""
     for fused, members in PACKED.items():
@@ -301,7 +409,7 @@ def _vllm_name(hf_name: str) -> tuple[str, int, int]:
 
 
 def _weight_views(model: torch.nn.Module, regions: list[WeightRegion], tp: int, rank: int,
-                  fused_rows: dict[str, tuple[int, ...]]) -> list[Optional[torch.Tensor]]:
+                  fused_rows: dict[str, tuple[int, ...]], experts: int = 0) -> list[Optional[torch.Tensor]]:
     """Where each region lands in this tp rank's vLLM parameters (RolloutEngine.weight_views).
 
     vLLM's layout on tp rank r of t: a fused parameter stacks its members' local rows (each member's HF
@@ -311,16 +419,31 @@ def _weight_views(model: torch.nn.Module, regions: list[WeightRegion], tp: int, 
     checks the rest.
     """
     params = dict(model.named_parameters())
-    placed: list[tuple[tuple[str, int], Optional[torch.Tensor]]] = []
-    need: dict[tuple[str, int], int] = {}
+    fused_experts = _expert_params(params) if experts else {}
+    placed: list[tuple[tuple, Optional[torch.Tensor]]] = []
+    need: dict[tuple, int] = {}
     for r in regions:
+        expert = _expert_of(r.name) if experts else None
+        if expert is not None:
+            prefix, e, member, _ = expert
+            vname = fused_experts.get((prefix, "w13" if member is not None else "w2"))
+            key = (vname, e, member)
+            if vname is None:
+                placed.append((key, None))
+                continue
+            view, need[key] = _place_expert(params[vname], r, e, member, experts, tp, rank)
+            placed.append((key, view))
+            continue
         vname, member, _ = _vllm_name(r.name)
         p = params.get(vname)
         key = (vname, member)
         if p is None:
             placed.append((key, None))
             continue
-        view, need[key] = _place(p, r, fused_rows.get(vname.split(".")[-2]), member, tp, rank)
+        fused = vname.split(".")[-2]
+        # gate_up members have their weight's own rows (the dense MLP's or a shared expert's intermediate size)
+        rows = (r.extent, r.extent) if fused == "gate_up_proj" else fused_rows.get(fused)
+        view, need[key] = _place(p, r, rows, member, tp, rank)
         placed.append((key, view))
     return covering_views(placed, need)
 
@@ -349,10 +472,14 @@ def _place(p: torch.Tensor, r: WeightRegion, fused: Optional[tuple[int, ...]], m
 
 def _local_sums(model: torch.nn.Module, hf_names: list[str], tp_size: int) -> dict[str, float]:
     params = dict(model.named_parameters())
+    fused_experts = _expert_params(params)
     out: dict[str, float] = {}
     cache: dict[str, float] = {}
     for hf in hf_names:
         vname, _, _ = _vllm_name(hf)
+        expert = _expert_of(hf)
+        if expert is not None:  # the fused parameter: every expert of the layer (checksum_terms)
+            vname = fused_experts.get((expert[0], "w13" if expert[2] is not None else "w2"), hf)
         if vname not in params:
             if hf == "lm_head.weight" and "model.embed_tokens.weight" in params:
                 vname = "model.embed_tokens.weight"  # tied embeddings

@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from hybridrl.config import RunConfig
-from hybridrl.hybrid.checks import logprob_gap
+from hybridrl.hybrid.checks import logprob_gap, routing_agreement
 from hybridrl.protocol import DataProto
 from hybridrl.utils import logs
 from hybridrl.utils.timing import timed
@@ -123,6 +123,7 @@ class PPOTrainer:
         batch = batch.union(self.actor.compute_log_prob(batch))
         metrics.update(logprob_gap(batch.batch["rollout_log_probs"], batch.batch["old_log_probs"],
                                    batch.batch["response_mask"]))
+        metrics.update(routing_agreement(batch.batch))  # MoE: rollout's experts vs the actor's
         return batch
 
     def balance(self, batch: DataProto, metrics: dict[str, float]) -> DataProto:

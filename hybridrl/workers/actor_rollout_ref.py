@@ -140,8 +140,9 @@ class ActorRolloutRefWorker(Worker):
         """old_log_probs and entropys [B, R] (+ sum_pi_squared when meta_info calculate_sum_pi_squared is set)."""
         out = self.actor.compute_log_prob(data, calculate_entropy=True)
         keep = {"old_log_probs": out.batch["log_probs"], "entropys": out.batch["entropys"]}
-        if "sum_pi_squared" in out.batch:
-            keep["sum_pi_squared"] = out.batch["sum_pi_squared"]
+        for extra in ("sum_pi_squared", "routing_agreement"):  # asked-for sum of pi^2; MoE with the rollout's routing
+            if extra in out.batch:
+                keep[extra] = out.batch[extra]
         return DataProto.from_dict(keep)
 
     @register(Dispatch.MESH_COMPUTE_PROTO)

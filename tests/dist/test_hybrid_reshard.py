@@ -1,6 +1,8 @@
 """3D-HybridEngine over gloo: weights of a tiny random Llama (untied) and Qwen2 (tied, qkv bias) go
 HF safetensors -> MegatronActor (tp, pp) = (2,1), (1,2), (2,2) on 4 ranks -> WeightSync -> torch
-rollout engine for tp_g = 1 and 2. One torchrun launch; every rank reports, the test checks:
+rollout engine for tp_g = 1 and 2; a tiny Qwen3-MoE (8 experts, top-2) the same way from (tp, ep) = (1, 2)
+and (2, 2), its experts gathered over etp and ep ranks into the engine's fused expert weights. One
+torchrun launch; every rank reports, the test checks:
   * every streamed tensor equals the HF tensor bitwise; nothing missing, nothing twice; at the second
     sync of a layout without pipeline stages the norms are copied directly (proven at the first);
   * the rollout log-probs equal the Megatron actor's teacher-forced log-probs (fp32, < 1e-5), also
@@ -18,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3MoeConfig
 
 REPO = Path(__file__).resolve().parents[2]
 HELPERS = Path(__file__).parent / "hybrid_helpers"
@@ -46,7 +48,10 @@ def tiny_models(root: Path) -> list[str]:
     return [
         save_tiny(root / "llama", LlamaConfig(tie_word_embeddings=False, **common)),
         save_tiny(root / "qwen2", Qwen2Config(tie_word_embeddings=True, use_sliding_window=False, **common)),
+        save_tiny(root / "qwen3_moe", Qwen3MoeConfig(tie_word_embeddings=False, num_experts=8, num_experts_per_tok=2,
+                                                     moe_intermediate_size=48, norm_topk_prob=True, **common)),
     ]
+RUNS_PER_RANK = (2 * 3 + 2) * 3  # (dense models x layouts + MoE layouts) x (tp_g 1, tp_g 2, tp_g 2 after an update)
 
 
 @pytest.fixture(scope="module")
@@ -65,13 +70,14 @@ def reports(tmp_path_factory) -> list[list[dict]]:
 
 
 def where(r: dict) -> str:
-    return f"{r['model']} tp={r['tp']} pp={r['pp']} dp={r['dp']} tp_g={r['tp_g']} after_update={r.get('after_update', False)}"
+    return (f"{r['model']} tp={r['tp']} pp={r['pp']} ep={r['ep']} dp={r['dp']} tp_g={r['tp_g']} "
+            f"after_update={r.get('after_update', False)}")
 
 
 @pytest.mark.timeout(TIMEOUT_S + 60)
 def test_streamed_tensors_equal_hf_bitwise(reports):
     runs = [r for rank in reports for r in rank]
-    assert len(runs) == WORLD * 2 * 3 * 3  # ranks x models x layouts x (tp_g 1, tp_g 2, tp_g 2 after an update)
+    assert len(runs) == WORLD * RUNS_PER_RANK
     for r in runs:
         assert r["missing"] == [] and r["duplicates"] == 0, where(r)
         assert r["metrics"]["sync_check/max_rel_diff"] == 0.0, where(r)  # engine == sent, bitwise checksums
@@ -79,7 +85,13 @@ def test_streamed_tensors_equal_hf_bitwise(reports):
         # the export closes a bucket once it reaches the limit: at most one mapping entry over it
         # (the largest entry here: fc1 = gate + up, 2 x 96 x 64 fp32)
         assert r["metrics"]["reshard/max_bucket_bytes"] < r["bucket_bytes"] + 2 * 96 * 64 * 4, where(r)
-        if r.get("after_update") and r["pp"] == 1:
+        if r.get("after_update") and r["pp"] == 1 and r["ep"] > 1:
+            # MoE: a rank holds its ep rank's experts only, so every expert streams through the export; the
+            # rest goes direct as for dense (at tp=1 everything else: embeddings, attention, the routers)
+            assert r["direct"] and not any(".experts." in n for n in r["direct"]), where(r)
+            assert {f"model.layers.{i}.mlp.gate.weight" for i in range(2)} <= set(r["direct"]), where(r)
+            assert (r["tp"] > 1) == ("model.embed_tokens.weight" not in r["direct"]), where(r)
+        elif r.get("after_update") and r["pp"] == 1:
             # the second sync of this WeightSync: the weights each tp rank holds whole (the norms) were
             # proven against load_weights at the first and are now copied directly; the rest streamed
             assert r["direct"] and all("norm" in n for n in r["direct"]), where(r)

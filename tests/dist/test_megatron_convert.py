@@ -128,3 +128,44 @@ def test_checkpoint_with_missing_or_mismatched_files_is_rejected(mcore_ckpt, tmp
         mcore_to_hf(str(broken), str(tmp_path / "out"))
     with pytest.raises(FileNotFoundError, match="no meta.json"):
         mcore_to_hf(str(tmp_path), str(tmp_path / "out"))
+
+
+# ------------------------------------------------------------------------------------------ mixture of experts
+@pytest.fixture(scope="module")
+def moe_model(tmp_path_factory) -> str:
+    """Qwen2-MoE: router, 8 routed experts, the shared expert and its gate, qkv biases."""
+    path = tiny.make_model("qwen2_moe", str(tmp_path_factory.mktemp("convert_moe")))
+    tiny.save_tokenizer(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def moe_ckpt(moe_model, tmp_path_factory) -> str:
+    """Saved from tp=2 with the experts spread over ep=2 (etp=1) on the same 2 processes."""
+    out = str(tmp_path_factory.mktemp("convert_moe") / "mcore")
+    proc = launch.run([sys.executable, "-m", "hybridrl", "convert", "hf-to-mcore", "--hf-dir", moe_model, "--out", out,
+                       "--tp", "2", "--ep", "2", "--etp", "1"], CLI_TIMEOUT)
+    assert "ep rank 1" in proc.stdout
+    return out
+
+
+def test_moe_round_trip_through_convert_and_the_merger_is_bitwise(moe_model, moe_ckpt, tmp_path):
+    meta = json.load(open(os.path.join(moe_ckpt, "meta.json")))
+    assert meta["arch"]["num_experts"] == 8 and meta["arch"]["shared_expert_ffn_hidden_size"] == 56
+    want = load_safetensors(moe_model)
+    assert {"model.layers.0.mlp.experts.7.down_proj.weight", "model.layers.3.mlp.shared_expert_gate.weight"} <= set(want)
+    for cmd in (["-m", "hybridrl", "convert", "mcore-to-hf", "--ckpt-dir", moe_ckpt, "--out", str(tmp_path / "hf")],
+                ["-m", "hybridrl.model_merger", "merge", "--backend", "megatron", "--local_dir", moe_ckpt,
+                 "--target_dir", str(tmp_path / "merged")]):
+        launch.run([sys.executable, *cmd], CLI_TIMEOUT)
+        got = load_safetensors(cmd[-1])
+        assert set(got) == set(want), cmd[2]
+        bad = [n for n, t in want.items() if got[n].dtype != t.dtype or not torch.equal(got[n], t)]
+        assert bad == [], f"{cmd[2]}: {bad[:5]}"
+
+
+def test_expert_layout_that_does_not_divide_the_experts_names_the_flag(moe_model, tmp_path):
+    from hybridrl.model_merger.megatron import hf_to_mcore
+
+    with pytest.raises(ValueError, match=r"num_experts=8 is not divisible by --ep=3"):
+        hf_to_mcore(moe_model, str(tmp_path / "out"), 1, 1, ep=3)

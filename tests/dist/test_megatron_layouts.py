@@ -10,6 +10,13 @@ One torchrun launch per layout runs all of that layout's checks (run_layout.py):
     the distributed optimizer on and off, other micro-batch sizes and dynamic batching;
   * resume: update 2 from the 1-process run's checkpoint (saved after update 1) in this layout equals
     the uninterrupted update 2.
+  * mixture of experts: parity (and the export) of tiny Qwen3-MoE, Qwen2-MoE (shared expert) and Mixtral
+    models, 8 experts, and their gradients against transformers' autograd; two PPO updates of the Qwen3-MoE actor with the load-balancing loss and z-loss on,
+    in ep=2 and ep=2 x tp=2 (experts split over etp=2, sequence parallel), against the 1-process run:
+    losses, grad norms, router-loss metrics, log-probs after the updates, and update 2 resumed from the
+    1-process checkpoint (ep=1 -> ep=2); routing against a rollout's (a quarter of its choices changed):
+    the agreement per response token and, with routing replay (R3), the log-probs of a transformers forward
+    forced to that routing, in one process and in ep=2 x tp=2.
 Virtual pipeline stages are checked for forward passes (parity, export) only: training with the
 interleaved schedule is rejected by the adapter (see role.py).
 """
@@ -34,17 +41,27 @@ PARITY_TOL = 1e-4
 REL_TOL = 1e-5
 ABS_TOL = 1e-5  # other metrics: means of fp32 quantities, some of them differences of log-probs (ppo_kl ~1e-3)
 # Losses and grad norms must agree to REL_TOL; the remaining metrics to ABS_TOL.
-STRICT = {"actor/pg_loss", "actor/grad_norm", "actor/kl_loss", "critic/vf_loss", "critic/grad_norm"}
+STRICT = {"actor/pg_loss", "actor/grad_norm", "actor/kl_loss", "critic/vf_loss", "critic/grad_norm",
+          "actor/moe_load_balancing_loss"}
 ACTOR_KEYS = ["actor/pg_loss", "actor/grad_norm", "actor/kl_loss", "actor/entropy", "actor/pg_clipfrac",
               "actor/ppo_kl"]
 CRITIC_KEYS = ["critic/vf_loss", "critic/grad_norm", "critic/vf_clipfrac", "critic/vpred_mean"]
+MOE_KEYS = ACTOR_KEYS + ["actor/moe_load_balancing_loss"]
+# Under sequence parallelism each tp rank reports the z-loss of its own tokens; the metric averages the ranks'
+# means (megatron tracks per-rank means), not the token mean of one process. Its gradient is exact (grad_norm).
+Z_LOSS_REL_TOL = 2e-3
+MOE = ",".join(tiny.MOE)
 
 # name -> (processes, runner arguments)
 LAYOUTS = {
     "tp2": (2, ["--tp", "2", "--micro", "3", "--dist-opt", "0,1", "--tasks", "parity,ppo"]),
-    "pp2_vpp2_forward": (2, ["--pp", "2", "--vpp", "2", "--tasks", "parity"]),
+    "pp2_vpp2_forward": (2, ["--pp", "2", "--vpp", "2", "--tasks", "parity",
+                             "--parity-models", ",".join(tiny.CONFIGS)]),
     "dp2_dynamic_bsz": (2, ["--dynamic", "--max-tokens", "16", "--dist-opt", "0,1", "--tasks", "ppo"]),
     "tp2_pp2": (4, ["--tp", "2", "--pp", "2", "--micro", "2", "--dist-opt", "0,1", "--tasks", "parity,ppo"]),
+    "ep2": (2, ["--ep", "2", "--dist-opt", "0,1", "--tasks", "parity,moe_ppo", "--parity-models", MOE]),
+    "ep2_tp2": (4, ["--ep", "2", "--tp", "2", "--sp", "--dist-opt", "1", "--tasks", "parity,moe_ppo,routing",
+                    "--parity-models", MOE]),
 }
 
 
@@ -53,6 +70,9 @@ def models(tmp_path_factory) -> str:
     folder = str(tmp_path_factory.mktemp("megatron_models"))
     for name in tiny.CONFIGS:
         tiny.save_references(tiny.make_model(name, folder))
+    tiny.save_routing_references(os.path.join(folder, "qwen3_moe"))
+    for name in tiny.MOE:
+        tiny.save_grad_references(os.path.join(folder, name))
     return folder
 
 
@@ -62,7 +82,8 @@ def reference(models, tmp_path_factory) -> dict:
     out = str(tmp_path_factory.mktemp("layout_ref"))
     ckpt = os.path.join(out, "ckpt")
     launch.torchrun("run_layout.py", 1, ["--models", models, "--out", out, "--micro", "2", "--dist-opt", "0,1",
-                                         "--tasks", "parity,ppo,resume", "--save-ckpt", ckpt], LAUNCH_TIMEOUT)
+                                         "--tasks", "parity,ppo,resume,moe_ppo,routing,moe_grad", "--save-ckpt", ckpt,
+                                         "--parity-models", ",".join(tiny.CONFIGS)], LAUNCH_TIMEOUT)
     result = launch.rank_results(out)[0]
     result["ckpt"] = ckpt
     return result
@@ -104,6 +125,35 @@ def test_distributed_optimizer_matches_plain_optimizer(reference):
     assert ppo["actor_do0"][0]["actor/update_applied"] == 1.0
 
 
+def assert_routing(routing: dict, where: str) -> None:
+    """Against transformers (tiny.save_routing_references): without replay the actor routes on its own (parity)
+    and its agreement with the changed rollout routing is exactly the unchanged fraction per response token;
+    with replay (R3) its log-probs are those of the forward forced to the rollout's routing."""
+    off, r3 = routing["disabled"], routing["R3"]
+    assert off["logp_max_diff"] < PARITY_TOL and r3["logp_max_diff"] < PARITY_TOL, f"{where}: {routing}"
+    assert off["agreement_max_diff"] == 0.0 and 0.6 < off["agreement_mean"] < 0.85, f"{where}: {off}"
+    assert r3["update"]["actor/update_applied"] == 1.0, where
+
+
+def test_moe_gradients_match_transformers_autograd(reference):
+    """Router (through the routing weights: softmax then top-k, or top-k renormalised), routed experts and the
+    shared expert with its sigmoid gate, for Qwen3-MoE, Qwen2-MoE and Mixtral (max |diff| / max |grad|)."""
+    for model, per_param in reference["moe_grad"].items():
+        assert len(per_param) >= 10, model
+        for name, diff in per_param.items():
+            assert diff < PARITY_TOL, f"{model} {name}: gradient differs from transformers by {diff} (relative)"
+
+
+def test_moe_routing_agreement_and_replay_match_transformers(reference):
+    assert_routing(reference["routing"], "tp1")
+
+
+def test_moe_router_losses_are_reported_and_differ_between_updates(reference):
+    steps = reference["moe_ppo"]["actor_do0"]
+    for key in ("actor/moe_load_balancing_loss", "actor/moe_z_loss"):
+        assert all(s[key] > 0 for s in steps) and steps[0][key] != steps[1][key], key
+
+
 def test_resume_same_layout_reproduces_uninterrupted_run(reference):
     r = reference["resume"]
     assert_same_metrics(r["resumed"], r["uninterrupted"], ACTOR_KEYS + ["actor/lr"], "resumed update 2")
@@ -133,7 +183,30 @@ def test_layout_matches_one_process_run(name, models, reference, tmp_path):
                 do = key[-1]
                 assert_same_metrics(got, want[f"actor_do{do}"][1], ACTOR_KEYS, f"{where} resumed update 2 (do={do})")
             elif key.startswith("critic_values_do"):
-                per_dp = 6 // r["dp_size"]  # rows of this rank, as run_layout.dp_slice picks them
-                rows = [k * 6 + r["dp_rank"] * per_dp + i for k in range(2) for i in range(per_dp)]
-                ref_rows = [want[key][i] for i in rows]
-                assert max(abs(a - b) for ra, rb in zip(got, ref_rows) for a, b in zip(ra, rb)) < 1e-5, where
+                assert_same_rows(got, want[key], r, 1e-5, where)
+        for key, got in r.get("moe_ppo", {}).items():
+            assert_same_moe(key, got, reference["moe_ppo"], r, f"{where} moe {key}")
+        if "routing" in r:
+            assert_routing(r["routing"], where)
+            mine, theirs = r["routing"]["R3"]["update"], reference["routing"]["R3"]["update"]
+            assert_same_metrics(mine, theirs, MOE_KEYS, f"{where} update with routing replay")
+
+
+def assert_same_rows(got: list, want: list, rank: dict, tol: float, where: str) -> None:
+    """Per-row outputs of this dp rank against the 1-process rows it holds."""
+    per_dp = 6 // rank["dp_size"]  # rows of this rank, as run_layout.dp_slice picks them
+    rows = [k * 6 + rank["dp_rank"] * per_dp + i for k in range(2) for i in range(per_dp)]
+    diff = max(abs(a - b) for ra, rb in zip(got, [want[i] for i in rows]) for a, b in zip(ra, rb))
+    assert diff < tol, f"{where}: max diff {diff}"
+
+
+def assert_same_moe(key: str, got, want: dict, rank: dict, where: str) -> None:
+    do = key[-1]
+    if key.startswith("log_probs_do"):
+        assert_same_rows(got, want[key], rank, 1e-5, where)
+        return
+    steps = [(got, want[f"actor_do{do}"][1])] if key.startswith("actor_resumed") else zip(got, want[key])
+    for mine, theirs in steps:
+        assert_same_metrics(mine, theirs, MOE_KEYS, where)
+        z = "actor/moe_z_loss"
+        assert rel(mine[z], theirs[z]) < Z_LOSS_REL_TOL, f"{where}: {z} {mine[z]} vs 1-process {theirs[z]}"

@@ -128,6 +128,17 @@ BAD = [
      "interleaved pipeline training is not supported yet"),
     (["trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.megatron.context_parallel_size=2"],
      "context parallelism is not supported yet"),
+    (["trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+      "actor_rollout_ref.actor.megatron.expert_model_parallel_size=2"],
+     "expert_model_parallel_size * expert_tensor_parallel_size = 2*2 does not divide the 2 ranks of a pipeline stage"),
+    (["actor_rollout_ref.actor.megatron.expert_model_parallel_size=0"], "expert_model_parallel_size=0 must be >= 1"),
+    (["trainer.n_gpus_per_node=4", "actor_rollout_ref.actor.megatron.expert_model_parallel_size=2",
+      "actor_rollout_ref.ref.megatron.expert_model_parallel_size=4"],
+     "actor_rollout_ref.ref.megatron.expert_model_parallel_size=4 differs"),
+    (["actor_rollout_ref.actor.router_replay.mode=R3"], "set actor_rollout_ref.rollout.enable_rollout_routing_replay=true"),
+    (["actor_rollout_ref.actor.router_replay.mode=R2"], "router_replay.mode=R2 (replaying the actor's own"),
+    (["actor_rollout_ref.actor.router_replay.mode=R3", "actor_rollout_ref.rollout.enable_rollout_routing_replay=true",
+      "actor_rollout_ref.model.enable_gradient_checkpointing=true"], "enable_gradient_checkpointing=true is not supported"),
 ]
 
 
@@ -136,6 +147,22 @@ def test_wrong_configs_name_the_key(extra, message):
     with pytest.raises(ConfigError) as e:
         validate(load_config(QUICKSTART + extra), cuda_available=CPU)
     assert message in str(e.value)
+
+
+def test_expert_layout_derivation_16_gpus():
+    """Qwen3-30B-A3B-style: tp=2 pp=2 on 16 GPUs -> dp=4; experts over ep=8 with etp=1 -> expert dp 1."""
+    cfg = load_config(["trainer.n_gpus_per_node=8", "trainer.nnodes=2",
+                       "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+                       "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
+                       "actor_rollout_ref.actor.megatron.expert_model_parallel_size=8",
+                       "actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=1",
+                       "actor_rollout_ref.rollout.tensor_model_parallel_size=4",
+                       "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4"], config_name="grpo_trainer")
+    run = validate(cfg, cuda_available=lambda: True)
+    a = run.derived.actor
+    assert (a.tp, a.pp, a.dp, a.ep, a.expert_tp, a.expert_dp) == (2, 2, 4, 8, 1, 1)
+    assert "ep=8 etp=1 expert_dp=1" in run.summary()
+    assert cfg.actor_rollout_ref.ref.megatron.expert_model_parallel_size == 8  # follows the actor
 
 
 def test_list_values_and_scalar_promotion():

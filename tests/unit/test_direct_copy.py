@@ -12,7 +12,7 @@ import logging
 
 import pytest
 import torch
-from transformers import Qwen2Config
+from transformers import Qwen2Config, Qwen2MoeConfig
 
 from hybridrl.adapters.base import WeightRegion
 from hybridrl.adapters.megatron.hf_config import arch_from_hf
@@ -247,3 +247,95 @@ def test_vllm_views_refuse_replicated_kv_heads():
     model = FakeVllmModel({"model.layers.0.self_attn.qkv_proj.weight": (p.data, {"output_dim": 0})})
     fused = {"qkv_proj": (4 * arch.head_dim, arch.head_dim, arch.head_dim)}
     assert _weight_views(model, [region], 2, 0, fused) == [None]
+
+
+# ------------------------------------------------------------------------------------------ vLLM fused experts
+MOE_CFG = Qwen2MoeConfig(vocab_size=1100, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
+                         shared_expert_intermediate_size=24, num_experts=4, num_experts_per_tok=2, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                         tie_word_embeddings=False, use_sliding_window=False, eos_token_id=1, pad_token_id=0)
+
+
+def vllm_moe_params(hf, arch, tp, rank, expert_parallel=False):
+    """vLLM 0.26's MoE layout on tp rank `rank`, by hand: the dense pieces as above; per layer the replicated
+    router and shared-expert gate, the shared expert's gate_up_proj / down_proj split like an MLP, and the routed
+    experts fused under mlp.experts.routed_experts: w13 [E_local, 2 f_local, h] = [gate rows; up rows] of each
+    expert's rank block and w2 [E_local, h, f_local] (tensor parallel), or whole experts, a block per rank
+    (expert parallel)."""
+    linear = {"output_dim": 0, "input_dim": 1}
+
+    def block(t, dim):
+        return t.chunk(tp, dim=dim)[rank]
+
+    out = {"model.embed_tokens.weight": (block(torch.cat([hf["model.embed_tokens.weight"],
+                                                          torch.zeros(1152 - 1100, 32)]), 0), {"output_dim": 0}),
+           "model.norm.weight": (hf["model.norm.weight"], {}), "lm_head.weight": (block(torch.cat(
+               [hf["lm_head.weight"], torch.zeros(1152 - 1100, 32)]), 0), {"output_dim": 0})}
+    for i in range(arch.num_layers):
+        p, a = f"model.layers.{i}.", f"model.layers.{i}.self_attn."
+        for n in ("input_layernorm", "post_attention_layernorm"):
+            out[p + n + ".weight"] = (hf[p + n + ".weight"], {})
+        for kind in ("weight", "bias"):
+            out[a + f"qkv_proj.{kind}"] = (torch.cat([block(hf[a + f"{x}_proj.{kind}"], 0) for x in "qkv"]), linear)
+        out[a + "o_proj.weight"] = (block(hf[a + "o_proj.weight"], 1), linear)
+        m = p + "mlp."
+        out[m + "gate.weight"] = (hf[m + "gate.weight"], {})
+        out[m + "shared_expert_gate.weight"] = (hf[m + "shared_expert_gate.weight"], {})
+        out[m + "shared_expert.gate_up_proj.weight"] = (torch.cat([block(hf[m + f"shared_expert.{x}_proj.weight"], 0)
+                                                                   for x in ("gate", "up")]), linear)
+        out[m + "shared_expert.down_proj.weight"] = (block(hf[m + "shared_expert.down_proj.weight"], 1), linear)
+        experts = range(arch.num_experts)
+        if expert_parallel:
+            per = arch.num_experts // tp
+            experts = range(rank * per, (rank + 1) * per)
+        cut = (lambda t, dim: t) if expert_parallel else block
+        w13 = [torch.cat([cut(hf[m + f"experts.{e}.{x}_proj.weight"], 0) for x in ("gate", "up")]) for e in experts]
+        w2 = [cut(hf[m + f"experts.{e}.down_proj.weight"], 1) for e in experts]
+        out[m + "experts.routed_experts.w13_weight"] = (torch.stack(w13), {})
+        out[m + "experts.routed_experts.w2_weight"] = (torch.stack(w2), {})
+    return out
+
+
+@pytest.mark.parametrize("tp, expert_parallel", [(1, False), (2, False), (2, True)])
+def test_vllm_views_place_routed_and_shared_experts_in_vllms_fused_layout(tp, expert_parallel):
+    arch = arch_from_hf(MOE_CFG)
+    hf = random_hf(arch)
+    fused = {"qkv_proj": (arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim,
+                          arch.num_kv_heads * arch.head_dim)}
+    for rank in range(tp):
+        want = vllm_moe_params(hf, arch, tp, rank, expert_parallel)
+        model = FakeVllmModel(want)
+        regions = ShardActor(arch, hf, tp=tp, rank=rank).weight_regions()
+        views = _weight_views(model, regions, tp, rank, fused, experts=arch.num_experts)
+        placed = {r.name for r, v in zip(regions, views) if v is not None and v.copy_(r.src) is not None}
+        got = dict(model.named_parameters())
+        expert_params = [n for n in want if ".experts." in n]
+        if expert_parallel:  # the actor splits every expert over tp; vLLM holds whole ones: nothing to place
+            assert not any(".experts." in n for n in placed)
+            assert all(bool(got[n].isnan().all()) for n in expert_params)
+            continue
+        for name, (t, _) in want.items():
+            if "embed_tokens" not in name and "lm_head" not in name:
+                assert torch.equal(got[name], t), (tp, rank, name)  # every element, no NaN left
+        assert {n for n in hf if ".experts." in n} <= placed
+
+
+def test_vllm_checksums_of_fused_experts_add_up_every_expert_of_the_layer():
+    from hybridrl.rollout.vllm_engine import VLLMRolloutEngine, _local_sums
+
+    arch = arch_from_hf(MOE_CFG)
+    hf = random_hf(arch)
+    model = FakeVllmModel(vllm_moe_params(hf, arch, 1, 0))
+    for name, (t, _) in vllm_moe_params(hf, arch, 1, 0).items():
+        dict(model.named_parameters())[name].data.copy_(t)
+    engine = VLLMRolloutEngine.__new__(VLLMRolloutEngine)
+    engine._num_experts, engine._kv_replicas = arch.num_experts, 1.0
+    name = "model.layers.1.mlp.experts.2.up_proj.weight"
+    terms = engine.checksum_terms(name)
+    assert len(terms) == 2 * arch.num_experts and all(c == 1.0 for _, c in terms)
+    assert terms[0][0] == "model.layers.1.mlp.experts.0.gate_proj.weight"  # the group every member samples by
+    want = sum(float(hf[n].double().sum()) for n, _ in terms)
+    got = _local_sums(model, [name, "model.layers.1.mlp.experts.3.down_proj.weight"], 1)
+    assert got[name] == pytest.approx(want, rel=1e-12)
+    downs = sum(float(hf[f"model.layers.1.mlp.experts.{e}.down_proj.weight"].double().sum()) for e in range(4))
+    assert got["model.layers.1.mlp.experts.3.down_proj.weight"] == pytest.approx(downs, rel=1e-12)

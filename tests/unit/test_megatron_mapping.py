@@ -141,3 +141,101 @@ def test_layout_errors_name_the_knob():
     with pytest.raises(ValueError, match="num_hidden_layers=4 is not divisible by .*pipeline_model_parallel_size"):
         check_layout(arch, 1, 3, None)
     check_layout(arch, 2, 2, None)
+
+
+# ------------------------------------------------------------------------------------------ mixture of experts
+MOE = dataclasses.replace(ARCH, model_type="qwen2_moe", num_experts=4, moe_topk=2, moe_ffn_hidden_size=10,
+                          shared_expert_ffn_hidden_size=14, moe_router_pre_softmax=False, router_aux_loss_coef=0.0)
+
+
+@pytest.mark.parametrize("tp, ep, etp", [(1, 2, 1), (2, 2, 2), (2, 4, 1)])
+def test_experts_shard_over_ep_and_etp_and_merge_back(tp, ep, etp):
+    topo = Topology(tp=tp, pp=2, ep=ep, etp=etp)
+    hf = random_hf(MOE, topo)
+    entries = plan(MOE, topo)
+    experts = [e for e in entries if e.ep_rank is not None]
+    assert len(experts) == 2 * MOE.num_experts * MOE.num_layers  # fc1 and fc2 of every expert of every layer
+    for entry in entries:
+        split = topo.split(entry)
+        assert split == (etp if entry.ep_rank is not None else tp)
+        shards = [hf_to_shard(entry, reader(hf), MOE, r, split) for r in range(split)]
+        for name, tensor in shards_to_hf(entry, shards, MOE):
+            assert torch.equal(tensor, hf[name]), (entry.mcore, name)
+
+
+def test_expert_x_lives_on_ep_rank_x_div_experts_per_rank_as_a_local_expert():
+    entries = plan(MOE, Topology(tp=1, pp=1, ep=2))
+    fc1 = {e.hf[0]: e for e in entries if e.mcore.endswith("linear_fc1.weight") and e.ep_rank is not None}
+    e3 = fc1["model.layers.1.mlp.experts.3.gate_proj.weight"]
+    assert (e3.ep_rank, e3.mcore) == (1, "decoder.layers.1.mlp.experts.local_experts.1.linear_fc1.weight")
+    assert e3.hf[1] == "model.layers.1.mlp.experts.3.up_proj.weight"
+    grouped = [e for e in plan(MOE, Topology(tp=1, pp=1, ep=2, grouped_experts=True)) if e.hf == e3.hf]
+    assert grouped[0].mcore == "decoder.layers.1.mlp.experts.linear_fc1.weight1"  # TE grouped GEMM naming
+
+
+def test_moe_layer_maps_router_shared_expert_and_its_gate():
+    by_hf = {n: e for e in plan(MOE, Topology(tp=2, pp=1)) for n in e.hf}
+    assert by_hf["model.layers.0.mlp.gate.weight"].mcore == "decoder.layers.0.mlp.router.weight"
+    assert by_hf["model.layers.0.mlp.gate.weight"].kind == "replicated"
+    assert by_hf["model.layers.0.mlp.shared_expert.up_proj.weight"].kind == "fc1"
+    gate = by_hf["model.layers.0.mlp.shared_expert_gate.weight"]
+    assert (gate.mcore, gate.kind, gate.hf_shapes) == ("decoder.layers.0.mlp.shared_experts.gate_weight", "replicated",
+                                                       ((1, 16),))
+    assert by_hf["model.layers.0.post_attention_layernorm.weight"].mcore == "decoder.layers.0.pre_mlp_layernorm.weight"
+    assert not any("mlp.gate_proj" in n for n in by_hf)  # no dense MLP in an MoE layer
+
+
+def test_mixtral_keeps_its_block_sparse_moe_names():
+    mixtral = dataclasses.replace(MOE, model_type="mixtral", shared_expert_ffn_hidden_size=None)
+    names = {n for e in plan(mixtral, Topology(tp=1, pp=1)) for n in e.hf}
+    assert {"model.layers.0.block_sparse_moe.gate.weight", "model.layers.0.block_sparse_moe.experts.3.w1.weight",
+            "model.layers.0.block_sparse_moe.experts.3.w3.weight", "model.layers.0.block_sparse_moe.experts.3.w2.weight"} <= names
+    assert not any("shared" in n for n in names)
+
+
+def moe_config(kind: str, **kw):
+    import transformers
+
+    base = dict(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, num_experts_per_tok=2)
+    if kind == "qwen3_moe":
+        return transformers.Qwen3MoeConfig(**{**base, "num_experts": 8, "moe_intermediate_size": 16, **kw})
+    if kind == "qwen2_moe":
+        return transformers.Qwen2MoeConfig(**{**base, "num_experts": 8, "moe_intermediate_size": 16,
+                                              "shared_expert_intermediate_size": 24, **kw})
+    return transformers.MixtralConfig(**{**base, "num_local_experts": 8, **kw})
+
+
+@pytest.mark.parametrize("kind, norm, pre_softmax", [("qwen3_moe", False, True), ("qwen3_moe", True, False),
+                                                     ("qwen2_moe", False, True), ("mixtral", None, False)])
+def test_router_semantics_follow_the_hf_config(kind, norm, pre_softmax):
+    arch = arch_from_hf(moe_config(kind, **({} if norm is None else {"norm_topk_prob": norm})))
+    assert arch.is_moe and arch.num_experts == 8 and arch.moe_topk == 2
+    assert arch.moe_router_pre_softmax is pre_softmax
+    assert arch.moe_ffn_hidden_size == (64 if kind == "mixtral" else 16)
+    assert arch.shared_expert_ffn_hidden_size == (24 if kind == "qwen2_moe" else None)
+    assert arch.qk_norm == (kind == "qwen3_moe") and arch.qkv_bias == (kind == "qwen2_moe")
+
+
+@pytest.mark.parametrize("kind, kw, field", [
+    ("qwen3_moe", {"mlp_only_layers": [1]}, "mlp_only_layers=\\[1\\]"),
+    ("qwen2_moe", {"decoder_sparse_step": 2}, "decoder_sparse_step=2"),
+    ("mixtral", {"router_jitter_noise": 0.1}, "router_jitter_noise=0.1"),
+    ("mixtral", {"num_experts_per_tok": 1}, "num_experts_per_tok=1"),
+])
+def test_unsupported_moe_options_name_the_hf_field(kind, kw, field):
+    with pytest.raises(UnsupportedModelError, match=field):
+        arch_from_hf(moe_config(kind, **kw))
+
+
+def test_expert_layout_errors_name_the_knob():
+    from hybridrl.adapters.megatron.hf_config import check_expert_layout
+
+    arch = arch_from_hf(moe_config("qwen2_moe"))
+    with pytest.raises(ValueError, match=r"num_experts=8 is not divisible by .*expert_model_parallel_size=3"):
+        check_expert_layout(arch, 1, 3, None)
+    with pytest.raises(ValueError, match=r"intermediate size 16 is not divisible by .*expert_tensor_parallel_size=3"):
+        check_expert_layout(arch, 1, 1, 3)
+    with pytest.raises(ValueError, match="dense model without experts"):
+        check_expert_layout(arch_from_hf(hf_config()), 1, 2, None)
+    check_expert_layout(arch, 2, 4, 2)

@@ -152,3 +152,46 @@ def test_pipeline_in_flight_and_recompute_by_hand():
     train_last = 14 * kept + layer + 2048 * 76_032 * 10
     forward_last = 79_416 * 4096 + 4096 * 76_032 * 6  # one layer + bf16 logits and fp32 log-softmax, no grad
     assert phase.stage == 1 and phase.parts["activations"] == max(train_last, forward_last)
+
+
+# ------------------------------------------------------------------------------------------ mixture of experts
+@pytest.mark.parametrize("name", ["Qwen3-30B-A3B", "Qwen3-235B-A22B"])
+def test_moe_shape_counts_what_transformers_builds(name):
+    """Total parameters of the table's config, counted by transformers itself (meta device, no weights), and the
+    parameters one token runs through (all but the experts it is not routed to)."""
+    import torch
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    from hybridrl.plan.model_shape import KNOWN_CONFIGS
+
+    shape = resolve(name)
+    with torch.device("meta"):
+        model = Qwen3MoeForCausalLM(Qwen3MoeConfig(**{k: v for k, v in KNOWN_CONFIGS[name].items() if k != "model_type"}))
+    assert shape.params == sum(p.numel() for p in model.parameters())
+    experts = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
+    assert shape.expert_params == experts
+    assert shape.active_params == shape.params - experts + experts * shape.moe_topk // shape.num_experts
+    assert {"Qwen3-30B-A3B": 3.35e9, "Qwen3-235B-A22B": 22.19e9}[name] == pytest.approx(shape.active_params, rel=1e-3)
+
+
+def test_moe_stage_params_and_expert_optimizer_sharding_by_hand():
+    """Qwen3-30B-A3B at tp=2, ep=8, etp=1 on 8 GPUs (dp=4, expert dp=1), bf16, distributed optimizer.
+    Per layer: attention 2048*(4096+2*512) + 4096*2048 = 18,874,368 over tp=2; norms 2*2048 + q/k norms 2*128 and
+    the router 128*2048 = 262,144 whole; experts 128*3*2048*768 = 603,979,776 over ep*etp = 8."""
+    from hybridrl.plan.memory import stage_expert_params
+
+    shape = resolve("Qwen3-30B-A3B")
+    experts = stage_expert_params(shape, pp=1, ep=8, etp=1)
+    assert experts == 48 * 603_979_776 // 8
+    vocab = padded_vocab(151936, 2) // 2 * 2048
+    dense = 48 * (18_874_368 // 2 + 4096 + 256 + 262_144) + 2 * vocab + 2048
+    assert stage_params(shape, tp=2, pp=1, stage=0, ep=8, etp=1) == dense + experts
+    run = validate(load_config(["trainer.n_gpus_per_node=8", "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+                                "actor_rollout_ref.actor.megatron.expert_model_parallel_size=8",
+                                "actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=1",
+                                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"], config_name="grpo_trainer"),
+                   cuda_available=GPU)
+    parts = estimate(run, shape, 141 * GiB).phases["train_actor"].parts
+    # Adam (8) + fp32 master (4) bytes per param: the dense part over dp=4, the experts over expert dp=1
+    assert parts["actor_optimizer"] == -(-dense * 12 // 4) + experts * 12
+    assert parts["actor_params"] == 2 * (dense + experts) and parts["actor_grads"] == 4 * (dense + experts)

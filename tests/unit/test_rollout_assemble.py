@@ -77,3 +77,21 @@ def test_missing_prompt_key_is_named():
     del prompts.batch["position_ids"]
     with pytest.raises(KeyError, match="position_ids"):
         assemble_rollout(prompts, [[1], [1]], None, n=1, max_tokens=2, pad_token_id=PAD)
+
+
+def test_routed_experts_are_kept_inside_the_attention_mask_and_agreement_averages_known_tokens():
+    from hybridrl.hybrid.checks import routing_agreement
+
+    prompts = DataProto.from_dict({"input_ids": torch.tensor([[0, 5, 6]]), "attention_mask": torch.tensor([[0, 1, 1]]),
+                                   "position_ids": torch.tensor([[0, 0, 1]])})
+    routed = torch.arange(2 * 5 * 1 * 2).reshape(2, 5, 1, 2)
+    out = assemble_rollout(prompts, [[7], [8, 9]], None, n=2, max_tokens=2, pad_token_id=0, routed_experts=routed)
+    got = out.batch["routed_experts"]
+    assert got.dtype == torch.int16 and got.shape == (2, 5, 1, 2)
+    assert (got[0, 0] == -1).all() and (got[0, 4] == -1).all()  # left pad, response pad
+    assert torch.equal(got[1, 1:], routed[1, 1:].to(torch.int16))
+    agreement = torch.tensor([[0.5, -1.0], [1.0, -1.0]])  # -1: unknown (e.g. a row's last token)
+    batch = {"routing_agreement": agreement, "response_mask": torch.tensor([[1, 0], [1, 1]])}
+    assert routing_agreement(batch) == {"rollout_vs_actor/routing_agreement": 0.75,
+                                        "rollout_vs_actor/routing_agreement_min": 0.5}
+    assert routing_agreement({"response_mask": batch["response_mask"]}) == {}

@@ -268,3 +268,64 @@ def test_registered_and_config_sampling():
     assert sampling_from_config(cfg, step=1).seed != train.seed != sampling_from_config(cfg, replica=1).seed
     eng = TorchRolloutEngine.from_rollout_config(llama_config(), cfg, tokenizer=CharTokenizer())
     assert eng.weight_dtype == torch.float32 and eng.eos_token_ids == (EOS,) and eng.pad_token_id == PAD
+
+
+@pytest.mark.parametrize("kind", ["qwen3_moe", "qwen2_moe", "mixtral"])
+def test_moe_weights_take_their_checkpoint_names_and_land_in_the_fused_experts(kind, tmp_path):
+    """transformers fuses each layer's experts into two 3-D parameters; checkpoints (and the actor's export)
+    name them per expert. The engine takes the saved file's names and tensors, and then holds the model
+    transformers loads from that file; each expert's checksum is that of the tensor it was sent."""
+    import transformers
+    from safetensors.torch import load_file
+
+    common = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=24, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, num_experts_per_tok=2, eos_token_id=EOS, pad_token_id=PAD)
+    cfg = {"qwen3_moe": lambda: transformers.Qwen3MoeConfig(num_experts=4, moe_intermediate_size=8, **common),
+           "qwen2_moe": lambda: transformers.Qwen2MoeConfig(num_experts=4, moe_intermediate_size=8,
+                                                            shared_expert_intermediate_size=12, **common),
+           "mixtral": lambda: transformers.MixtralConfig(num_local_experts=4, **common)}[kind]()
+    reference_model(cfg).save_pretrained(tmp_path)
+    saved = load_file(tmp_path / "model.safetensors")
+    eng = TorchRolloutEngine(cfg)
+    assert set(eng.named_weights()) == set(saved)
+    eng.load_weights(saved.items())
+    eng.finish_weight_sync()
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), eng.model.state_dict().values()))
+    sums = eng.weight_checksums(list(saved))
+    assert all(sums[n] == float(tensor_checksum(t)) for n, t in saved.items())
+    out = eng.generate(make_prompts(), SamplingParams(n=1, temperature=0.0, max_tokens=3))
+    assert out.batch["responses"].shape == (len(LENGTHS), 3)
+
+
+def test_recorded_routing_is_the_routing_of_a_full_forward(tmp_path):
+    """record_routing: every token the engine ran (prompt and fed-back samples) with the experts a full
+    forward of the finished sequences routes it to; -1 outside the attention mask and at each row's last
+    token (never fed back)."""
+    import transformers
+
+    cfg = transformers.Qwen3MoeConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=24, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, num_experts=8,
+                                      num_experts_per_tok=2, moe_intermediate_size=8, eos_token_id=EOS,
+                                      pad_token_id=PAD, initializer_range=0.3)
+    from hybridrl.rollout.torch_engine import checkpoint_weights
+
+    model = reference_model(cfg)
+    eng = TorchRolloutEngine(cfg, record_routing=True)
+    eng.load_weights(checkpoint_weights(model, cfg.model_type).items())  # the fused experts by checkpoint name
+    out = eng.generate(make_prompts(), SamplingParams(n=2, temperature=1.0, max_tokens=5, seed=3))
+    routed = out.batch["routed_experts"]
+    ids, mask = out.batch["input_ids"], out.batch["attention_mask"].bool()
+    assert routed.shape == (*ids.shape, 2, 2) and routed.dtype == torch.int16
+    seen = []
+    routers = [m for m in model.modules() if type(m).__name__.endswith("TopKRouter")]
+    hooks = [r.register_forward_hook(lambda m, i, o: seen.append(o[2])) for r in routers]
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=out.batch["attention_mask"], position_ids=out.batch["position_ids"])
+    for h in hooks:
+        h.remove()
+    full = torch.stack([s.reshape(*ids.shape, -1) for s in seen], dim=2)
+    known = (routed >= 0).all(-1).all(-1)
+    last = mask.cumsum(-1) == mask.sum(-1, keepdim=True)
+    assert torch.equal(known, mask & ~(last & mask))  # all run tokens, not the final one of each row
+    assert torch.equal(routed[known].sort(-1).values.long(), full[known].sort(-1).values)

@@ -38,6 +38,15 @@ class PolicyLossConfig:
 
 
 @dataclass(frozen=True)
+class RouterReplayConfig:
+    """Mixture-of-experts routing replay (verl's keys)."""
+
+    mode: str = doc("disabled | R3: the actor's log-prob and update passes route every token to the experts the "
+                    "rollout chose (needs rollout.enable_rollout_routing_replay=true); R2 is not supported.",
+                    "disabled")
+
+
+@dataclass(frozen=True)
 class ActorConfig:
     strategy: str = "megatron"
     ppo_mini_batch_size: int = doc("Prompts per optimizer step (multiplied by rollout.n into samples).", 256)
@@ -68,6 +77,7 @@ class ActorConfig:
     shuffle: bool = False
     tis_imp_ratio_cap: float = doc("Older key: C > 0 means algorithm.rollout_correction.rollout_is=token with "
                                    "rollout_is_threshold=C (<= 0: off).", -1.0)
+    router_replay: RouterReplayConfig = field(default_factory=RouterReplayConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     megatron: MegatronConfig = field(default_factory=MegatronConfig)

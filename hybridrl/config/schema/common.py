@@ -63,8 +63,10 @@ class MegatronConfig:
     grad_offload: bool = doc("Offload gradients while idle (GPU only).", False)
     optimizer_offload: bool = doc("Offload optimizer state while idle (GPU only).", False)
     tensor_model_parallel_size: int = 1
-    expert_model_parallel_size: int = 1
-    expert_tensor_parallel_size: Optional[int] = None
+    expert_model_parallel_size: int = doc("Expert parallelism (MoE models): the experts are split over this many ranks "
+                                          "of each pipeline stage's tp*dp ranks; must divide the number of experts.", 1)
+    expert_tensor_parallel_size: Optional[int] = doc("Tensor parallelism inside each expert (MoE models); null: the "
+                                                     "same as tensor_model_parallel_size.", None)
     pipeline_model_parallel_size: int = 1
     virtual_pipeline_model_parallel_size: Optional[int] = None
     context_parallel_size: int = 1
@@ -95,6 +97,8 @@ class CustomClsConfig:
 
 LAYOUT_KEYS = (
     "tensor_model_parallel_size",
+    "expert_model_parallel_size",
+    "expert_tensor_parallel_size",
     "pipeline_model_parallel_size",
     "virtual_pipeline_model_parallel_size",
     "context_parallel_size",

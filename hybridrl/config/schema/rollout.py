@@ -69,3 +69,7 @@ class RolloutConfig:
                                    "match (proven against load_weights at the first sync); false: always stream.",
                                    True)
     sync_check: SyncCheckConfig = field(default_factory=SyncCheckConfig)
+    enable_rollout_routing_replay: bool = doc(
+        "Mixture-of-experts models: the engine returns the experts it routed every token to (vLLM's "
+        "enable_return_routed_experts); the actor then reports rollout_vs_actor/routing_agreement and "
+        "actor.router_replay.mode=R3 can replay them.", False)

@@ -2,7 +2,8 @@
 
     python -m torch.distributed.run --nproc_per_node=4 --standalone reshard_run.py OUT_DIR HF_DIR...
 
-For each HF folder and each training layout (tp, pp) in LAYOUTS (dp = world / (tp*pp)), every rank
+For each HF folder and each training layout (tp, pp) in LAYOUTS (dp = world / (tp*pp)); for a mixture-of-
+experts model (tp, pp, ep) in MOE_LAYOUTS (sequence parallel with tp > 1, as MoE training needs), every rank
 builds the policy MegatronActor (DDP + distributed optimizer) from the folder, then
   1. for each rollout tp_g in (1, 2): checks the ReshardPlan's placement of this rank against
      megatron's parallel_state; streams the weights through WeightSync into a TorchRolloutEngine
@@ -36,7 +37,8 @@ from hybridrl.protocol import DataProto
 from hybridrl.rollout.base import SamplingParams
 from hybridrl.rollout.torch_engine import TorchRolloutEngine
 
-LAYOUTS = ((2, 1), (1, 2), (2, 2))
+LAYOUTS = ((2, 1, 1), (1, 2, 1), (2, 2, 1))
+MOE_LAYOUTS = ((1, 1, 2), (2, 1, 2))  # ep=2 (dp 4), ep=2 x tp=2 with the experts split over etp=2
 TP_G = (1, 2)
 PROMPTS = 4
 BUCKET_BYTES = 24 * 1024  # small: a tiny model still streams in many buckets
@@ -93,7 +95,8 @@ def build_actor(hf_dir: str, layout):
     from hybridrl.adapters.megatron.actor import MegatronActor
 
     megatron = MegatronConfig(tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp,
-                              sequence_parallel=False, use_distributed_optimizer=True, seed=7)
+                              expert_model_parallel_size=layout.ep, sequence_parallel=layout.sequence_parallel,
+                              use_distributed_optimizer=True, seed=7)
     actor_cfg = ActorConfig(ppo_mini_batch_size=PROMPTS, ppo_micro_batch_size_per_gpu=2, use_kl_loss=False,
                             optim=OptimConfig(lr=1e-2, clip_grad=1.0, total_training_steps=10), megatron=megatron)
     rows = PROMPTS * SAMPLING.n // layout.dp
@@ -192,10 +195,10 @@ def ppo_update(actor, part: DataProto, logp: torch.Tensor, step: int) -> dict:
 
 
 # ------------------------------------------------------------------------------------------ driver
-def run_layout(hf_dir, hf_cfg, reference, engine, ref_engine, tp, pp, step) -> list[dict]:
+def run_layout(hf_dir, hf_cfg, reference, engine, ref_engine, tp, pp, ep, step) -> list[dict]:
     from hybridrl.adapters.megatron.parallel import destroy_megatron, layout_for
 
-    layout = layout_for(dist.get_world_size(), tp=tp, pp=pp)
+    layout = layout_for(dist.get_world_size(), tp=tp, pp=pp, ep=ep, sequence_parallel=ep > 1)
     actor = build_actor(hf_dir, layout)
     results, syncs = [], {}
     for tp_g in TP_G:
@@ -226,9 +229,10 @@ def main() -> None:
         reference = load_file(os.path.join(hf_dir, "model.safetensors"))
         engine = TorchRolloutEngine(hf_cfg, pad_token_id=0)  # one engine per model, re-synced every step
         ref_engine = reference_engine(hf_cfg, reference)
-        for i, (tp, pp) in enumerate(LAYOUTS):
-            for r in run_layout(hf_dir, hf_cfg, reference, engine, ref_engine, tp, pp, step=10 * i):
-                r["model"] = os.path.basename(hf_dir)
+        layouts = MOE_LAYOUTS if "moe" in hf_cfg.model_type else LAYOUTS
+        for i, (tp, pp, ep) in enumerate(layouts):
+            for r in run_layout(hf_dir, hf_cfg, reference, engine, ref_engine, tp, pp, ep, step=10 * i):
+                r.update(model=os.path.basename(hf_dir), ep=ep)
                 results.append(r)
     with open(os.path.join(out_dir, f"rank{dist.get_rank()}.json"), "w") as f:
         json.dump(results, f)

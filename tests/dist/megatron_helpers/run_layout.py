@@ -1,13 +1,15 @@
 """One torchrun launch = one megatron layout; runs every check of that layout and writes JSON per rank.
 
     python -m torch.distributed.run --nproc_per_node=N --standalone run_layout.py \
-        --models DIR --out DIR --tp T --pp P [--vpp V] --tasks parity,export,ppo [--save-ckpt DIR] [--resume-ckpt DIR]
+        --models DIR --out DIR --tp T --pp P [--vpp V] [--ep E --sp] --tasks parity,export,ppo,moe_ppo \
+        [--save-ckpt DIR] [--resume-ckpt DIR]
 
 Batching many checks into one launch keeps the CPU suite fast (start-up is ~5-11 s per launch).
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -32,10 +34,15 @@ N_SAMPLES = 12  # global batch of the PPO checks
 MINI = 6  # global samples per optimizer step -> 2 optimizer steps per update
 
 
-def megatron_cfg(args, distributed_optimizer: bool) -> MegatronConfig:
+# Router losses on, so that their gradients and metrics are compared too.
+MOE_LOSSES = {"moe_aux_loss_coeff": 0.05, "moe_z_loss_coeff": 0.01}
+
+
+def megatron_cfg(args, distributed_optimizer: bool, overrides: dict | None = None) -> MegatronConfig:
     return MegatronConfig(tensor_model_parallel_size=args.tp, pipeline_model_parallel_size=args.pp,
-                          virtual_pipeline_model_parallel_size=args.vpp, sequence_parallel=False,
-                          use_distributed_optimizer=distributed_optimizer, seed=7)
+                          virtual_pipeline_model_parallel_size=args.vpp, sequence_parallel=args.sp,
+                          expert_model_parallel_size=args.ep, use_distributed_optimizer=distributed_optimizer, seed=7,
+                          override_transformer_config=overrides or {})
 
 
 def dp_slice(batch: dict, layout) -> dict:
@@ -53,7 +60,6 @@ def check_parity(args, layout, name: str) -> dict:
     from megatron.core import parallel_state as ps
 
     from hybridrl.adapters.megatron.actor import MegatronActor
-    from hybridrl.adapters.megatron.batching import micro_batches
     from hybridrl.adapters.megatron.forward import gather_response
 
     path = os.path.join(args.models, name)
@@ -77,7 +83,7 @@ def check_parity(args, layout, name: str) -> dict:
         "sum_pi_squared_off_mask": float(out.batch["sum_pi_squared"][~mask].abs().max()),
     }
     # Raw logits at the response positions, gathered over tp here (the test only; the adapter never does).
-    mbs = micro_batches(DataProto.from_dict(batch), [], 3, None, actor._mb_multiple())
+    mbs = actor._micro_batches(DataProto.from_dict(batch), [], 3, None)  # sequences padded for sequence parallelism
     diffs = []
 
     def loss_fn(logits, mb):
@@ -152,13 +158,14 @@ def _tensors_in(values, depth: int = 3) -> set[int]:
 
 
 # ------------------------------------------------------------------------------------------ ppo
-def actor_cfgs(args, micro: int, dynamic: bool, distributed_optimizer: bool):
+def actor_cfgs(args, micro: int, dynamic: bool, distributed_optimizer: bool, overrides: dict | None = None):
     optim = OptimConfig(lr=1e-3, weight_decay=0.01, clip_grad=1.0, lr_warmup_steps=1, total_training_steps=10,
                         lr_decay_style="cosine", min_lr=1e-4)
     actor = ActorConfig(ppo_mini_batch_size=MINI, ppo_micro_batch_size_per_gpu=micro, use_dynamic_bsz=dynamic,
                         ppo_max_token_len_per_gpu=40, use_kl_loss=True, kl_loss_coef=0.1, kl_loss_type="low_var_kl",
                         entropy_coeff=0.01, loss_agg_mode="token-mean", optim=optim,
-                        megatron=megatron_cfg(args, distributed_optimizer), data_loader_seed=3, shuffle=False)
+                        megatron=megatron_cfg(args, distributed_optimizer, overrides), data_loader_seed=3,
+                        shuffle=False)
     return actor
 
 
@@ -205,6 +212,96 @@ def run_ppo(args, layout) -> dict:
         results[f"critic_do{do}"] = [critic.update_critic(data), critic.update_critic(data)]
         results[f"seconds_do{do}"] = time.time() - t0
     return results
+
+
+def run_moe_ppo(args, layout) -> dict:
+    """Two PPO updates of a Qwen3-MoE actor (router losses on) per optimizer kind, and its log-probs after them.
+    One row per micro-batch: the router losses depend on which tokens share a micro-batch."""
+    from hybridrl.adapters.megatron.actor import MegatronActor
+
+    results = {}
+    data = ppo_data(layout)
+    model = ModelConfig(path=os.path.join(args.models, "qwen3_moe"))
+    plan = batch_plan(layout, 1, False)
+    for do in args.dist_opt:
+        actor = MegatronActor(model, actor_cfgs(args, 1, False, do == 1, MOE_LOSSES), layout, plan)
+        steps = [actor.update_policy(data)]
+        if args.save_ckpt:
+            actor.save_checkpoint(os.path.join(args.save_ckpt, f"moe_actor_do{do}"))
+        steps.append(actor.update_policy(data))
+        results[f"actor_do{do}"] = steps
+        results[f"log_probs_do{do}"] = actor.compute_log_prob(data).batch["log_probs"].tolist()
+        if args.resume_ckpt:  # update 2 from the 1-process run's checkpoint, resumed in this layout
+            resumed = MegatronActor(model, actor_cfgs(args, 1, False, do == 1, MOE_LOSSES), layout, plan)
+            resumed.load_checkpoint(os.path.join(args.resume_ckpt, f"moe_actor_do{do}"))
+            results[f"actor_resumed_do{do}"] = resumed.update_policy(data)
+    return results
+
+
+def check_routing(args, layout) -> dict:
+    """A rollout's routing with a quarter of its choices changed (tiny.save_routing_references): the actor's
+    agreement with it per response token, its log-probs without replay (the model's own routing) and with
+    replay (R3: the changed routing), and one update with replay."""
+    from hybridrl.adapters.megatron.actor import MegatronActor
+    from hybridrl.config.schema.actor import RouterReplayConfig
+
+    path = os.path.join(args.models, "qwen3_moe")
+    ref, routing = torch.load(os.path.join(path, "refs.pt")), torch.load(os.path.join(path, "routing_refs.pt"))
+    batch = {**ref["batch"], "routed_experts": routing["routed_experts"]}
+    mask = batch["response_mask"].bool()
+    out = {}
+    for mode in ("disabled", "R3"):
+        cfg = dataclasses.replace(actor_cfgs(args, 4, False, True), router_replay=RouterReplayConfig(mode=mode))
+        plan = dataclasses.replace(batch_plan(layout, 4, False), mini_batch_per_dp=8 // layout.dp)
+        actor = MegatronActor(ModelConfig(path=path), cfg, layout, plan)
+        data = DataProto.from_dict(batch, meta_info={"temperature": ref["temperature"]})
+        got = actor.compute_log_prob(data)
+        want = ref["log_probs"] if mode == "disabled" else routing["replayed_log_probs"]
+        out[mode] = {"logp_max_diff": float((got.batch["log_probs"] - want)[mask].abs().max()),
+                     "agreement_max_diff": float((got.batch["routing_agreement"] - routing["agreement"]).abs().max()),
+                     "agreement_mean": float(got.batch["routing_agreement"][mask].mean())}
+        if mode == "R3":
+            info = parallel.dispatch_info()
+            rows = slice(info.dp_rank * 8 // info.dp_size, (info.dp_rank + 1) * 8 // info.dp_size)
+            train = DataProto.from_dict({k: v[rows] for k, v in {**batch, **tiny.ppo_inputs(batch)}.items()},
+                                        meta_info={"temperature": ref["temperature"]})
+            out[mode]["update"] = actor.update_policy(train)
+    return out
+
+
+def check_moe_grads(args, layout) -> dict:
+    """Gradients of L = sum over response tokens of w * log-prob (fixed random w), router losses off, against
+    transformers' autograd (tiny.save_grad_references) for the router, two routed experts and the shared
+    expert with its gate: max |diff| / max |want| per parameter (one process, one micro-batch)."""
+    from hybridrl.adapters.megatron.actor import MegatronActor
+    from hybridrl.adapters.megatron.forward import response_log_probs
+
+    out = {}
+    for name in tiny.MOE:
+        path = os.path.join(args.models, name)
+        ref, grads = torch.load(os.path.join(path, "refs.pt")), torch.load(os.path.join(path, "grad_refs.pt"))
+        batch = ref["batch"]
+        actor = MegatronActor(ModelConfig(path=path), actor_cfgs(args, 8, False, False, {"moe_aux_loss_coeff": 0.0}),
+                              layout, batch_plan(layout, 8, False))
+        mbs = actor._micro_batches(DataProto.from_dict(batch), [], 8, None)
+        weights = grads["weights"]
+
+        def loss_fn(logits, mb):
+            logp, _ = response_log_probs(logits, mb, tiny.VOCAB, ref["temperature"], with_entropy=False)
+            return (logp * weights[mb.rows]).sum(), {}
+
+        engine = actor.engine
+        for c in engine.chunks:
+            c.zero_grad_buffer()
+        engine.run(mbs, loss_fn, forward_only=False)
+        params = dict(engine.module().named_parameters())
+        out[name] = {}
+        for mcore, hf_name in grads["pairs"].items():
+            got = params[mcore].main_grad.float()
+            want = grads["grads"][hf_name]
+            scale = float(want.abs().max())  # an expert no token chose has zero gradients on both sides
+            out[name][hf_name] = float((got - want).abs().max()) / scale if scale > 0 else float(got.abs().max())
+    return out
 
 
 def critic_cfg(args, micro: int, dynamic: bool, distributed_optimizer: bool) -> CriticConfig:
@@ -255,6 +352,8 @@ def main() -> None:
     p.add_argument("--vpp", type=int, default=None)
     p.add_argument("--tasks", default="parity,ppo")
     p.add_argument("--parity-models", default="llama,qwen2,qwen3,mistral")
+    p.add_argument("--ep", type=int, default=1)
+    p.add_argument("--sp", action="store_true", help="sequence parallelism (MoE models with tp > 1 need it)")
     p.add_argument("--micro", type=int, default=1)
     p.add_argument("--dynamic", action="store_true")
     p.add_argument("--max-tokens", type=int, default=40)
@@ -264,7 +363,8 @@ def main() -> None:
     args = p.parse_args()
     args.dist_opt = [int(x) for x in args.dist_opt.split(",")]
     parallel.ensure_process_group(timeout_s=300)
-    layout = parallel.layout_for(dist.get_world_size(), tp=args.tp, pp=args.pp, vpp=args.vpp)
+    layout = parallel.layout_for(dist.get_world_size(), tp=args.tp, pp=args.pp, vpp=args.vpp, ep=args.ep,
+                                 sequence_parallel=args.sp)
     parallel.init_megatron(layout, seed=7)
     tasks = args.tasks.split(",")
     info = parallel.dispatch_info()
@@ -277,6 +377,16 @@ def main() -> None:
         t1 = time.time()
         out["ppo"] = run_ppo(args, layout)
         out["timings"]["ppo"] = time.time() - t1
+    if "moe_ppo" in tasks:
+        t1 = time.time()
+        out["moe_ppo"] = run_moe_ppo(args, layout)
+        out["timings"]["moe_ppo"] = time.time() - t1
+    if "moe_grad" in tasks:
+        out["moe_grad"] = check_moe_grads(args, layout)
+    if "routing" in tasks:
+        t1 = time.time()
+        out["routing"] = check_routing(args, layout)
+        out["timings"]["routing"] = time.time() - t1
     if "resume" in tasks:
         t1 = time.time()
         out["resume"] = run_resume_same_layout(args, layout)

@@ -17,9 +17,22 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen2": ("Qwen2Config", dict(tie_word_embeddings=True)),
     "qwen3": ("Qwen3Config", dict(tie_word_embeddings=False, head_dim=24)),
     "mistral": ("MistralConfig", dict(tie_word_embeddings=False, sliding_window=6)),
+    # Mixture of experts: 8 experts, top-2 / top-3, softmax-then-top-k (qwen3_moe) and renormalised top-k
+    # (qwen2_moe with norm_topk_prob, mixtral), qwen2_moe's gated shared expert and qkv bias.
+    "qwen3_moe": ("Qwen3MoeConfig", dict(tie_word_embeddings=False, head_dim=24, num_experts=8, num_experts_per_tok=2,
+                                         moe_intermediate_size=40, norm_topk_prob=False)),
+    "qwen2_moe": ("Qwen2MoeConfig", dict(tie_word_embeddings=False, num_experts=8, num_experts_per_tok=3,
+                                         moe_intermediate_size=40, shared_expert_intermediate_size=56,
+                                         norm_topk_prob=True)),
+    "mixtral": ("MixtralConfig", dict(tie_word_embeddings=False, num_local_experts=8, num_experts_per_tok=2,
+                                      intermediate_size=48)),
 }
 MODEL_CLASSES = {"LlamaConfig": "LlamaForCausalLM", "Qwen2Config": "Qwen2ForCausalLM",
-                 "Qwen3Config": "Qwen3ForCausalLM", "MistralConfig": "MistralForCausalLM"}
+                 "Qwen3Config": "Qwen3ForCausalLM", "MistralConfig": "MistralForCausalLM",
+                 "Qwen3MoeConfig": "Qwen3MoeForCausalLM", "Qwen2MoeConfig": "Qwen2MoeForCausalLM",
+                 "MixtralConfig": "MixtralForCausalLM"}
+MOE = ("qwen3_moe", "qwen2_moe", "mixtral")
+DENSE = tuple(n for n in CONFIGS if n not in MOE)
 
 
 def make_model(name: str, folder: str, seed: int = 0, num_layers: int = 4) -> str:
@@ -27,16 +40,18 @@ def make_model(name: str, folder: str, seed: int = 0, num_layers: int = 4) -> st
     import transformers
 
     cfg_cls, extra = CONFIGS[name]
-    cfg = getattr(transformers, cfg_cls)(
+    cfg = getattr(transformers, cfg_cls)(**{**dict(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=112, num_hidden_layers=num_layers,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6,
-        bos_token_id=1, eos_token_id=2, pad_token_id=0, **extra)
+        bos_token_id=1, eos_token_id=2, pad_token_id=0), **extra})
     torch.manual_seed(seed)
     model = getattr(transformers, MODEL_CLASSES[cfg_cls])(cfg).float().eval()
     with torch.no_grad():  # random norms and biases so that their mapping matters
         for n, p in model.named_parameters():
             if "norm" in n or n.endswith(".bias"):
                 p.add_(torch.randn_like(p) * 0.1)
+            if n.endswith("mlp.gate.weight") or n.endswith("shared_expert_gate.weight"):
+                p.normal_(0.0, 0.3)  # decisive routing: HF's 0.02 init leaves near-ties between experts
     path = os.path.join(folder, name)
     model.save_pretrained(path)
     return path
@@ -116,3 +131,84 @@ def save_tokenizer(path: str) -> None:
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
     fast.save_pretrained(path)
+
+
+def _routers(model: Any) -> list:
+    return [m for m in model.modules() if type(m).__name__.endswith("TopKRouter")]
+
+
+@torch.no_grad()
+def save_routing_references(path: str) -> None:
+    """For the routing checks: the parity batch with a rollout's routing in which a fixed quarter of the
+    (token, layer) choices were changed, the expected agreement per response token, and the log-probs of a
+    transformers forward forced to that routing (router weights gathered at the forced experts: softmax over
+    all experts, renormalised when norm_topk_prob) -> path/routing_refs.pt."""
+    model = load_hf(path)
+    refs = torch.load(os.path.join(path, "refs.pt"))
+    batch, temperature = refs["batch"], refs["temperature"]
+    seen: list[torch.Tensor] = []
+    hooks = [r.register_forward_hook(lambda m, i, o: seen.append(o[2])) for r in _routers(model)]
+    model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"])
+    for h in hooks:
+        h.remove()
+    B, T = batch["input_ids"].shape
+    routed = torch.stack([s.reshape(B, T, -1) for s in seen], dim=2)  # [B, T, layers, k]
+    g = torch.Generator().manual_seed(5)
+    changed = torch.rand(routed.shape[:3], generator=g) < 0.25  # [B, T, layers]
+    experts = model.config.num_experts
+    shifted = (routed + routed.shape[-1]) % experts  # k other experts (ids shifted by k): a different set
+    forced = torch.where(changed[..., None], shifted, routed)
+    mask = batch["attention_mask"].bool()
+    forced[~mask] = -1
+    R = batch["responses"].shape[1]
+    expected = 1.0 - changed[:, T - R:].double().mean(-1)  # response token j's own position is T - R + j
+    expected = torch.where(mask[:, T - R:], expected, torch.full_like(expected, -1.0))
+
+    def force(module, inputs, output, layer):
+        logits = output[0]
+        ids = forced.clamp(min=0)[:, :, layer].reshape(-1, forced.shape[-1]).long()
+        probs = torch.softmax(logits.float(), -1).gather(1, ids)
+        if getattr(module, "norm_topk_prob", False):
+            probs = probs / probs.sum(-1, keepdim=True)
+        return logits, probs.to(logits.dtype), ids
+
+    hooks = [r.register_forward_hook(lambda m, i, o, k=k: force(m, i, o, k)) for k, r in enumerate(_routers(model))]
+    logp, _ = hf_log_probs(model, batch, temperature)
+    for h in hooks:
+        h.remove()
+    torch.save({"routed_experts": forced.to(torch.int16), "agreement": expected.float(), "replayed_log_probs": logp},
+               os.path.join(path, "routing_refs.pt"))
+
+
+def save_grad_references(path: str) -> None:
+    """For the MoE gradient check: d/dθ of sum over response tokens of w * log-prob (w fixed, random) on the parity
+    batch, by transformers' autograd, for the router, experts 1 and 6 and the shared expert with its gate, keyed
+    by megatron parameter name (tp=1, ep=1) -> path/grad_refs.pt."""
+    model = load_hf(path)
+    refs = torch.load(os.path.join(path, "refs.pt"))
+    batch, temperature = refs["batch"], refs["temperature"]
+    weights = torch.randn(batch["responses"].shape, generator=torch.Generator().manual_seed(9))
+    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                position_ids=batch["position_ids"]).logits.float()
+    R = batch["responses"].shape[1]
+    logp = torch.log_softmax(out[:, -R - 1:-1] / temperature, -1).gather(-1, batch["responses"][..., None])[..., 0]
+    (logp * batch["response_mask"] * weights).sum().backward()
+    block = "block_sparse_moe" if model.config.model_type == "mixtral" else "mlp"
+    grads, pairs = {}, {}
+    for layer in (0, 3):
+        mlp, m = model.model.layers[layer].mlp, f"decoder.layers.{layer}.mlp."
+        hf = f"model.layers.{layer}.{block}."
+        grads[hf + "gate.weight"], pairs[m + "router.weight"] = mlp.gate.weight.grad, hf + "gate.weight"
+        for e in (1, 6):
+            grads[f"{hf}experts.{e}.fc1"] = mlp.experts.gate_up_proj.grad[e]  # [gate; up], as megatron's fc1
+            grads[f"{hf}experts.{e}.fc2"] = mlp.experts.down_proj.grad[e]
+            pairs[f"{m}experts.local_experts.{e}.linear_fc1.weight"] = f"{hf}experts.{e}.fc1"
+            pairs[f"{m}experts.local_experts.{e}.linear_fc2.weight"] = f"{hf}experts.{e}.fc2"
+        if hasattr(mlp, "shared_expert"):
+            s = mlp.shared_expert
+            grads[hf + "shared_expert.fc1"] = torch.cat([s.gate_proj.weight.grad, s.up_proj.weight.grad])
+            grads[hf + "shared_expert_gate.weight"] = mlp.shared_expert_gate.weight.grad
+            pairs[m + "shared_experts.linear_fc1.weight"] = hf + "shared_expert.fc1"
+            pairs[m + "shared_experts.gate_weight"] = hf + "shared_expert_gate.weight"
+    torch.save({"weights": weights, "grads": {k: v.detach().clone() for k, v in grads.items()}, "pairs": pairs},
+               os.path.join(path, "grad_refs.pt"))
