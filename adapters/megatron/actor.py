@@ -49,7 +49,8 @@ class MegatronActor(MegatronRole, ActorModel):
         megatron = ref.megatron if actor is None else actor.megatron
         super().__init__(model.path, megatron, layout, optim=None if actor is None else actor.optim,
                          override_config=model.override_config, recompute=model.enable_gradient_checkpointing,
-                         load_weight=(ref or actor).load_weight, total_training_steps=total_training_steps)
+                         load_weight=(ref or actor).load_weight, total_training_steps=total_training_steps,
+                         remove_padding=model.use_remove_padding)
         if actor is None:
             self._fwd_rows = ref_micro_batch or ref.log_prob_micro_batch_size_per_gpu
             self._fwd_tokens = ref.log_prob_max_token_len_per_gpu if ref.log_prob_use_dynamic_bsz else None

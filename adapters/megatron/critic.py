@@ -36,7 +36,7 @@ class MegatronCritic(MegatronRole, CriticModel):
         super().__init__(critic.model.path, critic.megatron, layout, optim=critic.optim, value_head=True,
                          override_config=critic.model.override_config,
                          recompute=critic.model.enable_gradient_checkpointing, load_weight=critic.load_weight,
-                         total_training_steps=total_training_steps)
+                         total_training_steps=total_training_steps, remove_padding=critic.model.use_remove_padding)
 
     def compute_values(self, data: DataProto) -> DataProto:
         plan = self.batch

@@ -60,7 +60,8 @@ class Engine:
 
         def step(data_iterator, model):
             mb = next(data_iterator)
-            out = model(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=None)
+            out = model(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=None,
+                        packed_seq_params=mb.packed_seq_params())
             return out, functools.partial(_loss, mb)
 
         def _loss(mb, out):
@@ -193,6 +194,19 @@ def sum_over_dp(values: Iterable[float]) -> list[float]:
     if ps.get_data_parallel_world_size() > 1:
         dist.all_reduce(t, group=ps.get_data_parallel_group())
     return t.tolist()
+
+
+def max_over_dp(value: int) -> int:
+    """The largest of one integer over the data-parallel group."""
+    from megatron.core import parallel_state as ps
+
+    from . import compat
+
+    if ps.get_data_parallel_world_size() == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.int64, device=compat.device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=ps.get_data_parallel_group())
+    return int(t.item())
 
 
 def broadcast_from_last_stage(t: Optional[torch.Tensor], shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

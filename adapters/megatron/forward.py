@@ -6,6 +6,12 @@ row's contiguous valid tokens to the front makes RoPE positions equal HF's posit
 padding after every real token, where a causal mask never lets real tokens see it; rows are then
 trimmed to the longest one in the micro-batch. Exact for any contiguous attention_mask (checked).
 
+Packed (`use_remove_padding`, `pack_thd`): the rows' valid tokens are concatenated into ONE sequence
+[1, T] in megatron's THD format; cu_seqlens marks where each row starts, attention stays inside each
+row (TE's varlen kernels; attention.py on the local spec) and RoPE restarts at every row (megatron
+applies it per cu_seqlens segment), so every token sees exactly what it sees in the padded layout,
+without computing on padding.
+
 Log-probs and entropy are computed vocab-parallel: each tp rank holds logits [.., V/tp]; reductions
 (max, sum of exp, sum of p*z) are all-reduced over the tp group, so full logits are never gathered.
 Padded vocab entries (rows added for tp divisibility) are masked to -inf before any softmax.
@@ -31,34 +37,39 @@ class MicroBatch:
     responses: torch.Tensor  # [b, R] response token ids (labels)
     extras: dict[str, torch.Tensor]  # per-row training inputs ([b, R]: old_log_probs, advantages, ...)
     rows: torch.Tensor  # [b] indices of these rows in the caller's batch
+    # Packed (THD) micro-batches only: input_ids/position_ids are [1, T] and resp_index indexes T.
+    cu_seqlens: Optional[torch.Tensor] = None  # [segments + 1] int32 start of each row (then padding) in T
+    max_seqlen: int = 0
 
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.numel())
+
+    @property
+    def packed(self) -> bool:
+        return self.cu_seqlens is not None
+
+    def packed_seq_params(self):
+        """megatron's PackedSeqParams for a packed micro-batch (None for the padded layout)."""
+        if self.cu_seqlens is None:
+            return None
+        from megatron.core.packed_seq_params import PackedSeqParams
+
+        return PackedSeqParams(qkv_format="thd", cu_seqlens_q=self.cu_seqlens, cu_seqlens_kv=self.cu_seqlens,
+                               max_seqlen_q=self.max_seqlen, max_seqlen_kv=self.max_seqlen)
 
 
 def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, responses: torch.Tensor,
          rows: torch.Tensor, extras: Optional[dict[str, torch.Tensor]] = None, multiple: int = 1) -> MicroBatch:
     """Re-align a [b, T] left/right-padded batch whose last R columns are the response."""
     b, T = input_ids.shape
-    R = responses.shape[1]
-    mask = attention_mask.bool()
-    lengths = mask.sum(1)
-    start = torch.where(lengths > 0, mask.float().argmax(1), torch.zeros_like(lengths))
-    ar = torch.arange(T, device=mask.device)
-    contiguous = (mask == ((ar >= start[:, None]) & (ar < (start + lengths)[:, None]))).all(1)
-    if not bool(contiguous.all()):
-        bad = torch.nonzero(~contiguous).flatten().tolist()
-        raise ValueError(f"attention_mask rows {bad} have holes; the megatron adapter needs one contiguous run of "
-                         "1s per row (left-padded prompt + response)")
+    start, lengths = _spans(attention_mask)
     L = max(int(lengths.max()), 1)
     L = -(-L // multiple) * multiple
-    pos = torch.arange(L, device=mask.device)
+    pos = torch.arange(L, device=attention_mask.device)
     src = (start[:, None] + pos[None]).clamp(max=T - 1)
     packed = torch.where(pos[None] < lengths[:, None], input_ids.gather(1, src), torch.zeros_like(src))
-    j = torch.arange(R, device=mask.device)
-    resp_pos = (T - R) + j[None] - start[:, None]  # packed position of response token j
-    valid = (resp_pos >= 1) & (resp_pos < lengths[:, None])
+    resp_pos, valid = _response_positions(start, lengths, T, responses.shape[1])
     dev = compat.device()
     return MicroBatch(
         input_ids=packed.to(dev),
@@ -71,8 +82,67 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, responses: torch
     )
 
 
+def pack_thd(input_ids: torch.Tensor, attention_mask: torch.Tensor, responses: torch.Tensor, rows: torch.Tensor,
+             extras: Optional[dict[str, torch.Tensor]] = None, multiple: int = 1) -> MicroBatch:
+    """The rows' valid tokens back to back as one [1, T] sequence (THD) with cu_seqlens at the row starts.
+
+    T is rounded up to `multiple` (sequence parallelism splits T over tp) with padding tokens that form
+    one more segment of their own, so no real token attends to them.
+    """
+    b, cols = input_ids.shape
+    start, lengths = _spans(attention_mask)
+    offsets = torch.cumsum(lengths, 0) - lengths  # where row i starts in T
+    total = int(lengths.sum())
+    T = max(-(-total // multiple) * multiple, 1)
+    row_of = torch.repeat_interleave(torch.arange(b, device=lengths.device), lengths)
+    pos = torch.arange(total, device=lengths.device) - offsets[row_of]  # position inside its own row
+    ids = input_ids.new_zeros(1, T)
+    ids[0, :total] = input_ids[row_of, start[row_of] + pos]
+    positions = torch.zeros(1, T, dtype=torch.long, device=lengths.device)
+    positions[0, :total] = pos
+    bounds = torch.cat([offsets, offsets.new_tensor([total])] + ([offsets.new_tensor([T])] if T > total else []))
+    resp_pos, valid = _response_positions(start, lengths, cols, responses.shape[1])
+    dev = compat.device()
+    return MicroBatch(
+        input_ids=ids.to(dev),
+        position_ids=positions.to(dev),
+        resp_index=(offsets[:, None] + resp_pos - 1).clamp(0, T - 1).to(dev),
+        resp_valid=valid.to(dev),
+        responses=responses.to(dev),
+        extras={k: v.to(dev) for k, v in (extras or {}).items()},
+        rows=rows,
+        cu_seqlens=bounds.to(device=dev, dtype=torch.int32),
+        max_seqlen=int((bounds[1:] - bounds[:-1]).max()),
+    )
+
+
+def _spans(attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(first valid column, number of valid tokens) of each row; rejects masks with holes."""
+    mask = attention_mask.bool()
+    lengths = mask.sum(1)
+    start = torch.where(lengths > 0, mask.float().argmax(1), torch.zeros_like(lengths))
+    ar = torch.arange(mask.shape[1], device=mask.device)
+    contiguous = (mask == ((ar >= start[:, None]) & (ar < (start + lengths)[:, None]))).all(1)
+    if not bool(contiguous.all()):
+        bad = torch.nonzero(~contiguous).flatten().tolist()
+        raise ValueError(f"attention_mask rows {bad} have holes; the megatron adapter needs one contiguous run of "
+                         "1s per row (left-padded prompt + response)")
+    return start, lengths
+
+
+def _response_positions(start: torch.Tensor, lengths: torch.Tensor, cols: int, R: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Position of response token j inside its re-aligned row [b, R], and whether it is a real token that
+    some earlier token predicts (the response is the last R of the batch's `cols` columns)."""
+    j = torch.arange(R, device=start.device)
+    resp_pos = (cols - R) + j[None] - start[:, None]
+    return resp_pos, (resp_pos >= 1) & (resp_pos < lengths[:, None])
+
+
 def gather_response(out: torch.Tensor, mb: MicroBatch) -> torch.Tensor:
-    """[b, L, X] model outputs at the positions predicting each response token -> [b, R, X]."""
+    """[b, L, X] model outputs at the positions predicting each response token -> [b, R, X]
+    (packed: [1, T, X], one flat index per response token)."""
+    if mb.packed:
+        return out[0][mb.resp_index]
     idx = mb.resp_index[..., None].expand(-1, -1, out.shape[-1])
     return out.gather(1, idx)
 

@@ -70,6 +70,8 @@ def init_megatron(layout: ParallelLayout, seed: int, timeout_s: Optional[float] 
         distributed_timeout_minutes=(default_group_timeout_s() if timeout_s is None else timeout_s) / 60.0,
     )
     compat.install_memory_buffer()
+    if layout.vpp:
+        compat.fix_two_stage_interleaving()
     compat.model_parallel_seed(seed)
     _LAYOUT = layout
 

@@ -9,9 +9,12 @@ One torchrun launch per layout runs all of that layout's checks (run_layout.py):
     give the same losses, metrics and grad norms as the 1-process run (relative diff < 1e-5), with
     the distributed optimizer on and off, other micro-batch sizes and dynamic batching;
   * resume: update 2 from the 1-process run's checkpoint (saved after update 1) in this layout equals
-    the uninterrupted update 2.
-Virtual pipeline stages are checked for forward passes (parity, export) only: training with the
-interleaved schedule is rejected by the adapter (see role.py).
+    the uninterrupted update 2;
+  * packed (use_remove_padding, THD micro-batches) vs padded on the same weights, in every layout:
+    log-probs and entropy of every parity model, the actor's and critic's loss metrics, every gradient
+    after one forward-backward and the critic's values (max abs diff < 1e-5); the dp2 layout also runs
+    its PPO updates packed with dynamic batch sizes, against the padded 1-process run.
+Virtual pipeline stages (pp2_vpp2) train with megatron's interleaved schedule, save and resume.
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ pytestmark = [pytest.mark.dist, pytest.mark.timeout(420)]
 
 LAUNCH_TIMEOUT = 360
 PARITY_TOL = 1e-4
+PACKED_TOL = 1e-5  # packed vs padded, fp32 on CPU
 REL_TOL = 1e-5
 ABS_TOL = 1e-5  # other metrics: means of fp32 quantities, some of them differences of log-probs (ppo_kl ~1e-3)
 # Losses and grad norms must agree to REL_TOL; the remaining metrics to ABS_TOL.
@@ -41,10 +45,11 @@ CRITIC_KEYS = ["critic/vf_loss", "critic/grad_norm", "critic/vf_clipfrac", "crit
 
 # name -> (processes, runner arguments)
 LAYOUTS = {
-    "tp2": (2, ["--tp", "2", "--micro", "3", "--dist-opt", "0,1", "--tasks", "parity,ppo"]),
-    "pp2_vpp2_forward": (2, ["--pp", "2", "--vpp", "2", "--tasks", "parity"]),
-    "dp2_dynamic_bsz": (2, ["--dynamic", "--max-tokens", "16", "--dist-opt", "0,1", "--tasks", "ppo"]),
-    "tp2_pp2": (4, ["--tp", "2", "--pp", "2", "--micro", "2", "--dist-opt", "0,1", "--tasks", "parity,ppo"]),
+    "tp2": (2, ["--tp", "2", "--micro", "3", "--dist-opt", "0,1", "--tasks", "parity,packed,ppo"]),
+    "pp2_vpp2": (2, ["--pp", "2", "--vpp", "2", "--micro", "2", "--dist-opt", "0,1", "--tasks", "parity,packed,ppo,resume"]),
+    "dp2_dynamic_bsz_packed": (2, ["--dynamic", "--max-tokens", "16", "--packed", "--dist-opt", "0,1",
+                                   "--tasks", "packed,ppo"]),
+    "tp2_pp2": (4, ["--tp", "2", "--pp", "2", "--micro", "2", "--dist-opt", "0,1", "--tasks", "parity,packed,ppo"]),
 }
 
 
@@ -62,7 +67,7 @@ def reference(models, tmp_path_factory) -> dict:
     out = str(tmp_path_factory.mktemp("layout_ref"))
     ckpt = os.path.join(out, "ckpt")
     launch.torchrun("run_layout.py", 1, ["--models", models, "--out", out, "--micro", "2", "--dist-opt", "0,1",
-                                         "--tasks", "parity,ppo,resume", "--save-ckpt", ckpt], LAUNCH_TIMEOUT)
+                                         "--tasks", "parity,packed,ppo,resume", "--save-ckpt", ckpt], LAUNCH_TIMEOUT)
     result = launch.rank_results(out)[0]
     result["ckpt"] = ckpt
     return result
@@ -77,7 +82,17 @@ def assert_parity(parity: dict, where: str) -> None:
         for key in ("logp_max_diff", "entropy_max_diff", "logits_max_diff"):
             if key in r:
                 assert r[key] < PARITY_TOL, f"{where} {model}: {key}={r[key]}"
+        for key in ("packed_logp_vs_padded", "packed_entropy_vs_padded"):
+            assert r[key] < PACKED_TOL, f"{where} {model}: {key}={r[key]}"
         assert r["export_mismatches"] == [], f"{where} {model}: export differs: {r['export_mismatches']}"
+
+
+def assert_packed_equals_padded(packed: dict, where: str) -> None:
+    for role, r in packed.items():
+        for key in ("grad_max_diff", "metric_max_diff", "values"):
+            if key in r:
+                assert r[key] < PACKED_TOL, f"{where} {role}: packed vs padded {key}={r[key]}"
+        assert r["grad_max"] > 1e-3, f"{where} {role}: no gradient reached this rank's parameters"
 
 
 def assert_same_metrics(got: dict, want: dict, keys: list[str], where: str) -> None:
@@ -93,6 +108,7 @@ def assert_same_metrics(got: dict, want: dict, keys: list[str], where: str) -> N
 def test_one_process_parity_with_transformers(reference):
     assert set(reference["parity"]) == set(tiny.CONFIGS)
     assert_parity(reference["parity"], "tp1")
+    assert_packed_equals_padded(reference["packed"], "tp1")
 
 
 def test_distributed_optimizer_matches_plain_optimizer(reference):
@@ -123,6 +139,12 @@ def test_layout_matches_one_process_run(name, models, reference, tmp_path):
         where = f"{name} rank {r['rank']}"
         if "parity" in r:
             assert_parity(r["parity"], where)
+        assert_packed_equals_padded(r["packed"], where)
+        if "resume" in r:  # save and load in this layout
+            assert_same_metrics(r["resume"]["resumed"], r["resume"]["uninterrupted"], ACTOR_KEYS + ["actor/lr"],
+                                f"{where} resumed update 2")
+            assert_same_metrics(r["resume"]["critic_resumed"], r["resume"]["critic_uninterrupted"], CRITIC_KEYS,
+                                f"{where} resumed critic update 2")
         for key, got in r.get("ppo", {}).items():
             if key.startswith("actor_do") or key.startswith("critic_do"):
                 keys = ACTOR_KEYS if key.startswith("actor") else CRITIC_KEYS
