@@ -14,7 +14,7 @@ import torch
 
 from hybridrl.protocol import DataProto
 
-from .forward import MicroBatch, pack, pack_thd
+from .forward import MicroBatch, pack, pack_thd, split_for_cp
 
 
 def row_lengths(data: DataProto) -> torch.Tensor:
@@ -66,9 +66,12 @@ def split_tokens(lengths: torch.Tensor, max_tokens: int, multiple: int = 1, min_
 
 
 def micro_batches(data: DataProto, keys: list[str], max_rows: Optional[int], max_tokens: Optional[int],
-                  multiple: int = 1, seq_multiple: int = 1, thd: bool = False, min_count: int = 1) -> list[MicroBatch]:
+                  multiple: int = 1, seq_multiple: int = 1, thd: bool = False, min_count: int = 1,
+                  cp: tuple[int, int] = (0, 1)) -> list[MicroBatch]:
     """MicroBatches of `data` carrying the [B, R] tensors named in `keys` as extras; `thd` packs each into
-    one sequence (use_remove_padding), `seq_multiple` rounds its (padded row or packed) length."""
+    one sequence (use_remove_padding), `seq_multiple` rounds its (padded row or packed) length. With
+    cp = (rank, size > 1) every sequence is padded to a multiple of 2*size*seq_multiple and this rank
+    keeps its share (forward.split_for_cp)."""
     n = len(data)
     if max_tokens is not None:
         groups = split_tokens(row_lengths(data), max_tokens, multiple, min_count)
@@ -78,11 +81,14 @@ def micro_batches(data: DataProto, keys: list[str], max_rows: Optional[int], max
     missing = [k for k in ("input_ids", "attention_mask", "responses", *keys) if k not in batch]
     if missing:
         raise KeyError(f"DataProto is missing {missing}; present: {sorted(batch)}")
+    cp_rank, cp_size = cp
+    align = 2 * cp_size * seq_multiple if cp_size > 1 else 1
     out = []
     for rows in groups:
         extras = {k: batch[k][rows] for k in keys}
-        out.append((pack_thd if thd else pack)(batch["input_ids"][rows], batch["attention_mask"][rows],
-                                                batch["responses"][rows], rows, extras, multiple=seq_multiple))
+        args = (batch["input_ids"][rows], batch["attention_mask"][rows], batch["responses"][rows], rows, extras)
+        mb = pack_thd(*args, multiple=max(seq_multiple, align), align=align) if thd else pack(*args, multiple=max(seq_multiple, align))
+        out.append(split_for_cp(mb, cp_rank, cp_size))
     return out
 
 

@@ -14,7 +14,7 @@ from hybridrl.config.validate import BatchPlan, ParallelLayout
 from hybridrl.protocol import DataProto
 
 from .actor import NORMALISER, global_counts, loss_weights
-from .forward import MicroBatch, gather_response
+from .forward import MicroBatch, gather_response, sum_over_cp
 from .role import MegatronRole
 
 METRICS = ["critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean"]
@@ -23,7 +23,7 @@ METRICS = ["critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean"]
 def response_values(out: torch.Tensor, mb: MicroBatch) -> torch.Tensor:
     """Value-head output [b, L, 1] -> values [b, R] (0 outside the attention mask)."""
     values = gather_response(out, mb).squeeze(-1).float()
-    return torch.where(mb.resp_valid, values, torch.zeros_like(values))
+    return sum_over_cp(torch.where(mb.resp_valid, values, torch.zeros_like(values)), mb)
 
 
 class MegatronCritic(MegatronRole, CriticModel):

@@ -38,8 +38,10 @@ class MicroBatch:
     extras: dict[str, torch.Tensor]  # per-row training inputs ([b, R]: old_log_probs, advantages, ...)
     rows: torch.Tensor  # [b] indices of these rows in the caller's batch
     # Packed (THD) micro-batches only: input_ids/position_ids are [1, T] and resp_index indexes T.
-    cu_seqlens: Optional[torch.Tensor] = None  # [segments + 1] int32 start of each row (then padding) in T
+    cu_seqlens: Optional[torch.Tensor] = None  # [segments + 1] int32 cumulative lengths of the rows (then padding)
+    cu_seqlens_padded: Optional[torch.Tensor] = None  # where each segment starts in T when rows are padded (cp)
     max_seqlen: int = 0
+    cp_size: int = 1  # > 1: this rank holds 1/cp of every sequence (split_for_cp); outputs are summed over cp
 
     @property
     def num_tokens(self) -> int:
@@ -56,6 +58,7 @@ class MicroBatch:
         from megatron.core.packed_seq_params import PackedSeqParams
 
         return PackedSeqParams(qkv_format="thd", cu_seqlens_q=self.cu_seqlens, cu_seqlens_kv=self.cu_seqlens,
+                               cu_seqlens_q_padded=self.cu_seqlens_padded, cu_seqlens_kv_padded=self.cu_seqlens_padded,
                                max_seqlen_q=self.max_seqlen, max_seqlen_kv=self.max_seqlen)
 
 
@@ -83,24 +86,30 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, responses: torch
 
 
 def pack_thd(input_ids: torch.Tensor, attention_mask: torch.Tensor, responses: torch.Tensor, rows: torch.Tensor,
-             extras: Optional[dict[str, torch.Tensor]] = None, multiple: int = 1) -> MicroBatch:
+             extras: Optional[dict[str, torch.Tensor]] = None, multiple: int = 1, align: int = 1) -> MicroBatch:
     """The rows' valid tokens back to back as one [1, T] sequence (THD) with cu_seqlens at the row starts.
 
-    T is rounded up to `multiple` (sequence parallelism splits T over tp) with padding tokens that form
-    one more segment of their own, so no real token attends to them.
+    Each row gets a slot of its length rounded up to `align` (context parallelism splits every sequence
+    2*cp ways; then cu_seqlens_padded gives the slots). T is rounded up to `multiple` (sequence parallelism
+    splits T over tp) with padding tokens that form one more segment of their own, so no real token
+    attends to them.
     """
     b, cols = input_ids.shape
     start, lengths = _spans(attention_mask)
-    offsets = torch.cumsum(lengths, 0) - lengths  # where row i starts in T
+    slots = -(-lengths // align) * align
+    offsets = torch.cumsum(slots, 0) - slots  # where row i starts in T
+    used = int(slots.sum())
+    T = max(-(-used // multiple) * multiple, 1)
     total = int(lengths.sum())
-    T = max(-(-total // multiple) * multiple, 1)
     row_of = torch.repeat_interleave(torch.arange(b, device=lengths.device), lengths)
-    pos = torch.arange(total, device=lengths.device) - offsets[row_of]  # position inside its own row
+    pos = torch.arange(total, device=lengths.device) - (torch.cumsum(lengths, 0) - lengths)[row_of]  # inside its row
     ids = input_ids.new_zeros(1, T)
-    ids[0, :total] = input_ids[row_of, start[row_of] + pos]
+    ids[0, offsets[row_of] + pos] = input_ids[row_of, start[row_of] + pos]
     positions = torch.zeros(1, T, dtype=torch.long, device=lengths.device)
-    positions[0, :total] = pos
-    bounds = torch.cat([offsets, offsets.new_tensor([total])] + ([offsets.new_tensor([T])] if T > total else []))
+    positions[0, offsets[row_of] + pos] = pos
+    tail = [lengths.new_tensor([T - used])] if T > used else []
+    real = torch.cat([lengths.new_zeros(1), torch.cumsum(torch.cat([lengths] + tail), 0)])
+    padded = torch.cat([lengths.new_zeros(1), torch.cumsum(torch.cat([slots] + tail), 0)])
     resp_pos, valid = _response_positions(start, lengths, cols, responses.shape[1])
     dev = compat.device()
     return MicroBatch(
@@ -111,9 +120,64 @@ def pack_thd(input_ids: torch.Tensor, attention_mask: torch.Tensor, responses: t
         responses=responses.to(dev),
         extras={k: v.to(dev) for k, v in (extras or {}).items()},
         rows=rows,
-        cu_seqlens=bounds.to(device=dev, dtype=torch.int32),
-        max_seqlen=int((bounds[1:] - bounds[:-1]).max()),
+        cu_seqlens=real.to(device=dev, dtype=torch.int32),
+        cu_seqlens_padded=padded.to(device=dev, dtype=torch.int32) if align > 1 else None,
+        max_seqlen=int((padded[1:] - padded[:-1]).max()),
     )
+
+
+def split_for_cp(mb: MicroBatch, rank: int, size: int) -> MicroBatch:
+    """This context-parallel rank's share of a micro-batch, as megatron / TE lay it out: every sequence
+    (each padded row, or each THD slot) is cut into 2*size equal chunks and rank r keeps chunks r and
+    2*size-1-r (balancing causal attention work). Lengths must already be multiples of 2*size. Response
+    positions this rank does not hold become invalid here; the per-token outputs are summed over cp
+    (sum_over_cp), where each token is counted by exactly one rank."""
+    if size == 1:
+        return mb
+    if mb.packed:
+        bounds = (mb.cu_seqlens if mb.cu_seqlens_padded is None else mb.cu_seqlens_padded).tolist()
+        spans = list(zip(bounds[:-1], bounds[1:]))
+    else:
+        spans = [(0, mb.input_ids.shape[1])]
+    keep = torch.cat([_cp_chunks(a, b, rank, size) for a, b in spans]).to(mb.input_ids.device)
+    local = torch.full((mb.input_ids.shape[1],), -1, dtype=torch.long, device=keep.device)
+    local[keep] = torch.arange(len(keep), device=keep.device)
+    at = local[mb.resp_index]
+    return MicroBatch(input_ids=mb.input_ids[:, keep], position_ids=mb.position_ids[:, keep],
+                      resp_index=at.clamp(min=0), resp_valid=mb.resp_valid & (at >= 0), responses=mb.responses,
+                      extras=mb.extras, rows=mb.rows, cu_seqlens=mb.cu_seqlens, cu_seqlens_padded=mb.cu_seqlens_padded,
+                      max_seqlen=mb.max_seqlen, cp_size=size)
+
+
+def _cp_chunks(start: int, stop: int, rank: int, size: int) -> torch.Tensor:
+    n = (stop - start) // (2 * size)
+    if n * 2 * size != stop - start:
+        raise AssertionError(f"sequence of {stop - start} tokens is not a multiple of 2*context_parallel_size={2 * size}")
+    first, second = start + rank * n, start + (2 * size - 1 - rank) * n
+    return torch.cat([torch.arange(first, first + n), torch.arange(second, second + n)])
+
+
+def sum_over_cp(t: torch.Tensor, mb: MicroBatch) -> torch.Tensor:
+    """Per-token outputs [b, R] computed from this cp rank's tokens (0 elsewhere) -> the full tensor on every
+    cp rank. The backward is the identity: each rank's gradient flows back through its own tokens only,
+    and megatron sums parameter gradients over the cp ranks."""
+    if mb.cp_size == 1:
+        return t
+    return _SumOverCP.apply(t)
+
+
+class _SumOverCP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, t):
+        from megatron.core import parallel_state as ps
+
+        out = t.clone()
+        torch.distributed.all_reduce(out, group=ps.get_context_parallel_group())
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
 
 
 def _spans(attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -201,7 +265,7 @@ def response_log_probs(logits: torch.Tensor, mb: MicroBatch, vocab_size: int, te
     # megatron's cross entropy subtracts the max from its input in place: hand it its own copy.
     logp = -vocab_parallel_cross_entropy(z.clone() if with_entropy else z, mb.responses)
     valid = mb.resp_valid
-    logp = torch.where(valid, logp, torch.zeros_like(logp))
+    logp = sum_over_cp(torch.where(valid, logp, torch.zeros_like(logp)), mb)
     if entropy is not None:
-        entropy = torch.where(valid, entropy, torch.zeros_like(entropy))
+        entropy = sum_over_cp(torch.where(valid, entropy, torch.zeros_like(entropy)), mb)
     return logp, entropy

@@ -126,7 +126,7 @@ class MegatronRole:
             mine = len(split_tokens(row_lengths(data), max_tokens, self._mb_multiple()))
             min_count = max_over_dp(mine)
         return micro_batches(data, keys, max_rows, max_tokens, self._mb_multiple(), seq_multiple,
-                             thd=self.remove_padding, min_count=min_count)
+                             thd=self.remove_padding, min_count=min_count, cp=parallel.cp_rank_and_size())
 
     def _rank_metrics(self, per_micro: list[dict[str, torch.Tensor]], names: list[str]) -> list[float]:
         """Sum weighted per-micro-batch metrics on the last stage, then over dp; same values on every rank."""

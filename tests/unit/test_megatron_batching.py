@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hybridrl.adapters.megatron.batching import mini_batch_rows, split_rows, split_tokens
-from hybridrl.adapters.megatron.forward import gather_response, pack, pack_thd
+from hybridrl.adapters.megatron.forward import gather_response, pack, pack_thd, split_for_cp
 
 
 def verl_rows():
@@ -63,6 +63,29 @@ def test_pack_thd_rounds_the_length_up_with_a_padding_segment_of_its_own():
     assert mb.cu_seqlens.tolist() == [0, 4, 11, 12]  # the padding token attends only to itself
     params = mb.packed_seq_params()
     assert params.qkv_format == "thd" and params.max_seqlen_q == 7 and torch.equal(params.cu_seqlens_kv, mb.cu_seqlens)
+
+
+@pytest.mark.parametrize("thd", [False, True], ids=["padded", "packed"])
+def test_context_parallel_ranks_hold_two_chunks_of_every_sequence_and_each_response_token_once(thd):
+    ids, mask, responses = verl_rows()
+    size = 2
+    full = (pack_thd(ids, mask, responses, torch.arange(2), multiple=4, align=4) if thd
+            else pack(ids, mask, responses, torch.arange(2), multiple=4))
+    if thd:  # every row padded to a multiple of 2*cp: slots of 4 and 8 tokens
+        assert full.cu_seqlens.tolist() == [0, 4, 11] and full.cu_seqlens_padded.tolist() == [0, 4, 12]
+        assert full.input_ids[0].tolist() == [5, 6, 7, 8, 1, 2, 3, 4, 9, 9, 9, 0]
+    parts = [split_for_cp(full, r, size) for r in range(size)]
+    if thd:  # rank 0: chunks 0 and 3 of each slot; rank 1: chunks 1 and 2
+        assert parts[0].input_ids[0].tolist() == [5, 8, 1, 2, 9, 0]
+        assert parts[1].input_ids[0].tolist() == [6, 7, 3, 4, 9, 9]
+    else:
+        assert parts[0].input_ids[0].tolist() == [5, 6, 0, 0] and parts[1].input_ids[0].tolist() == [7, 8, 0, 0]
+    owners = torch.stack([p.resp_valid for p in parts]).sum(0)
+    assert torch.equal(owners, full.resp_valid.int())  # each response token on exactly one rank ...
+    want = gather_response(full.input_ids.float()[..., None], full)
+    for p in parts:  # ... where its predicting position holds the same token as in the whole micro-batch
+        got = gather_response(p.input_ids.float()[..., None], p)
+        assert p.cp_size == size and torch.equal(got[p.resp_valid], want[p.resp_valid])
 
 
 def test_split_rows_balances_and_honours_the_virtual_pipeline_multiple():
