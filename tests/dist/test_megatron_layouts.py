@@ -47,8 +47,8 @@ CRITIC_KEYS = ["critic/vf_loss", "critic/grad_norm", "critic/vf_clipfrac", "crit
 LAYOUTS = {
     "tp2": (2, ["--tp", "2", "--micro", "3", "--dist-opt", "0,1", "--tasks", "parity,packed,ppo"]),
     "pp2_vpp2": (2, ["--pp", "2", "--vpp", "2", "--micro", "2", "--dist-opt", "0,1", "--tasks", "parity,packed,ppo,resume"]),
-    "dp2_dynamic_bsz_packed": (2, ["--dynamic", "--max-tokens", "16", "--packed", "--dist-opt", "0,1",
-                                   "--tasks", "packed,ppo"]),
+    "dp2_dynamic_bsz_packed": (2, ["--dynamic", "--max-tokens", "16", "--packed", "--packed-max-tokens", "24",
+                                   "--dist-opt", "0,1", "--tasks", "packed,ppo"]),
     "tp2_pp2": (4, ["--tp", "2", "--pp", "2", "--micro", "2", "--dist-opt", "0,1", "--tasks", "parity,packed,ppo"]),
 }
 
@@ -134,6 +134,8 @@ def test_layout_matches_one_process_run(name, models, reference, tmp_path):
                                              *args], LAUNCH_TIMEOUT)
     ranks = launch.rank_results(out)
     assert len(ranks) == nproc
+    # token-budget micro-batches: every dp rank runs as many as the rank that needs the most (dp2: 2, not 2 and 1)
+    assert len({r["packed"]["actor"]["micro_batches"] for r in ranks}) == 1, [r["packed"] for r in ranks]
     want = reference["ppo"]
     for r in ranks:
         where = f"{name} rank {r['rank']}"

@@ -79,7 +79,8 @@ def test_context_parallel_ranks_hold_two_chunks_of_every_sequence_and_each_respo
         assert parts[0].input_ids[0].tolist() == [5, 8, 1, 2, 9, 0]
         assert parts[1].input_ids[0].tolist() == [6, 7, 3, 4, 9, 9]
     else:
-        assert parts[0].input_ids[0].tolist() == [5, 6, 0, 0] and parts[1].input_ids[0].tolist() == [7, 8, 0, 0]
+        assert parts[0].input_ids.tolist() == [[5, 6, 0, 0], [1, 2, 9, 0]]  # chunks 0 and 3 of each row
+        assert parts[1].input_ids.tolist() == [[7, 8, 0, 0], [3, 4, 9, 9]]  # chunks 1 and 2
     owners = torch.stack([p.resp_valid for p in parts]).sum(0)
     assert torch.equal(owners, full.resp_valid.int())  # each response token on exactly one rank ...
     want = gather_response(full.input_ids.float()[..., None], full)

@@ -159,8 +159,9 @@ def check_packed(args, layout) -> dict:
     from hybridrl.adapters.megatron.critic import MegatronCritic
 
     data = ppo_data(layout)
-    plan = batch_plan(layout, args.micro, args.dynamic, args.max_tokens)
-    mini = data[torch.arange(plan.mini_batch_per_dp)]
+    plan = batch_plan(layout, args.micro, args.dynamic, args.packed_max_tokens or args.max_tokens)
+    n = plan.mini_batch_per_dp
+    mini = data[torch.arange(n, 2 * n)]  # the second mini-batch: with 24-token micro-batches on dp2 its ranks need 2 and 1
     actor = MegatronActor(ModelConfig(path=os.path.join(args.models, "qwen2")),
                           actor_cfgs(args, args.micro, args.dynamic, False), layout, plan)
     out = {"actor": packed_vs_padded(actor, mini, actor._input_keys(mini), actor._loss_fn(mini, 0.9), plan)}
@@ -192,7 +193,7 @@ def packed_vs_padded(role, mini, keys: list[str], loss_fn, plan) -> dict:
         runs.append((grads, sums))
     (g0, m0), (g1, m1) = runs
     role.remove_padding = False
-    return {"grad_max_diff": max(float((g1[n] - g0[n]).abs().max()) for n in g0),
+    return {"micro_batches": len(mbs), "grad_max_diff": max(float((g1[n] - g0[n]).abs().max()) for n in g0),
             "grad_max": max(float(g.abs().max()) for g in g0.values()),
             "metric_max_diff": max([abs(m1[k] - m0[k]) for k in m0], default=0.0), "metrics": m0}
 
@@ -305,6 +306,7 @@ def main() -> None:
     p.add_argument("--micro", type=int, default=1)
     p.add_argument("--dynamic", action="store_true")
     p.add_argument("--packed", action="store_true", help="PPO with use_remove_padding (THD micro-batches)")
+    p.add_argument("--packed-max-tokens", type=int, default=None, help="token budget of the packed-vs-padded check")
     p.add_argument("--max-tokens", type=int, default=40)
     p.add_argument("--dist-opt", default="0", help="comma list of 0/1: distributed optimizer off/on")
     p.add_argument("--save-ckpt", default=None)
