@@ -8,9 +8,12 @@
 #   gap:    benchmarks/gap_bench.py on the random 1.5B model and on SmolLM2-135M (each engine vs float32)
 #   grpo:   GRPO on SmolLM2-135M-Instruct + gsm_symbolic for GRPO_TIME_S seconds into $OUT/grpo_$GRPO_NAME
 #           (GRPO_ARGS: extra overrides), then grpo_report.py
+#   te:     tests/gpu/test_megatron_te.py + test_megatron_gpu.py (transformer-engine installed: its spec is the default)
+#   speed:  train_bench on SHAPE (1.5b) with a GSM8K-like length spread: local vs TE, padded vs packed (same lease)
+#   speed7b: train_bench on the 7B shape, TE + packed + recompute (train_mfu_7b); SPEED_ARGS adds options
 #   report: rollout_graphs_report.py over the runs above (graphs, warm, eager) -> results/rollout_graphs.json
 set -u
-MODE=${1:?usage: gpu_run.sh stage|checks|bench|gap|grpo|report}
+MODE=${1:?usage: gpu_run.sh stage|checks|bench|gap|grpo|report|te|speed|speed7b}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT/results"
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 HF_HUB_OFFLINE=1 \
@@ -63,5 +66,29 @@ trainer.default_local_dir=$OUT/grpo_$N trainer.max_time_s=$T ${GRPO_ARGS:-}"
       --warm "$OUT/grpo_warm/logs/metrics.jsonl" --eager "$OUT/grpo_eager/logs/metrics.jsonl" \
       --gap 1.5b_random="$OUT/results/gap_bench.json" --gap smollm2_135m="$OUT/results/gap_bench_smollm2.json" \
       --out "$OUT/results/rollout_graphs.json"
+    ;;
+  te)
+    step test_megatron_te 400 python3 -m pytest -q -x -s tests/gpu/test_megatron_te.py
+    step test_megatron_gpu 180 python3 -m pytest -q -x -s tests/gpu/test_megatron_gpu.py
+    grep -h "^\[te\|^\[fp8\|^\[megatron gpu\]" "$OUT"/test_megatron_*.log
+    ;;
+  speed)
+    S=${SHAPE:-1.5b}; M=/tmp/m_$S
+    [ -f "$M/config.json" ] || step model 240 python3 benchmarks/multi_gpu_bench.py model --dir "$M" --shape "$S"
+    A="--model-dir $M --shape $S --lengths gsm8k --samples ${SAMPLES:-64} --micro ${MICRO:-4} --skip-offload ${SPEED_ARGS:-}"
+    step speed_local 150 python3 benchmarks/train_bench.py $A --transformer-impl local --out "$OUT/speed_${S}_local.json"
+    step speed_te 150 python3 benchmarks/train_bench.py $A --transformer-impl transformer_engine \
+      --peer "$OUT/speed_${S}_local.json" --out "$OUT/results/speed_${S}_te.json"
+    step speed_te_packed 150 python3 benchmarks/train_bench.py $A --transformer-impl transformer_engine --packed \
+      --peer "$OUT/results/speed_${S}_te.json" --out "$OUT/results/speed_${S}_te_packed.json"
+    grep -h "_vs_\|train_mfu" "$OUT/results/speed_${S}"_*.json
+    ;;
+  speed7b)
+    M=/tmp/m_7b
+    [ -f "$M/config.json" ] || step model 300 python3 benchmarks/multi_gpu_bench.py model --dir "$M" --shape 7b
+    step speed_7b 420 python3 benchmarks/train_bench.py --model-dir "$M" --shape 7b --lengths gsm8k \
+      --transformer-impl transformer_engine --packed --dynamic-tokens ${TOKENS:-16384} --samples ${SAMPLES:-64} \
+      --recompute --skip-offload --updates 2 ${SPEED_ARGS:-} --out "$OUT/results/speed_7b.json"
+    grep -h "train_mfu\|peak_memory" "$OUT/results/speed_7b.json"
     ;;
 esac

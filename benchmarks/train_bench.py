@@ -1,7 +1,11 @@
 """Training throughput of the megatron-core actor on one GPU: PPO update tokens/s, MFU, peak memory,
-offload/onload seconds and bytes, on a Qwen2.5-0.5B-shaped random model imported from HF format (bf16).
+offload/onload seconds and bytes, on a Qwen2.5-shaped random model (0.5B by default) imported from HF format (bf16).
 
     PYTHONPATH=$PWD:/tmp/site python benchmarks/train_bench.py --out benchmarks/results/train_bench.json
+    ... --shape 7b --transformer-impl transformer_engine --packed --lengths gsm8k --recompute --skip-offload
+    ... --peer OTHER.json   # ratios against a run of this script in the same lease (te_vs_local_tokens_per_s,
+                            # packed_vs_padded_tokens_per_s where exactly that option differs)
+    python benchmarks/train_bench.py --cpu-dry-run   # the same code path on a tiny model on the CPU (no timings)
 
 MFU = model FLOPs / (seconds * peak), peak = 989 TFLOP/s (H100 SXM dense bf16), with
     model FLOPs = 6 * N * tokens + 6 * L * d_attn * sum_i(s_i^2)
@@ -25,10 +29,22 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-PEAK_FLOPS = 989e12  # H100 SXM, dense bf16
-SHAPE = dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-             num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6,
-             tie_word_embeddings=True)
+PEAK_FLOPS = 989e12  # H100 SXM, dense bf16 (H200: the same compute)
+COMMON = dict(max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6)
+SHAPES = {  # Qwen2.5 shapes, random weights
+    "0.5b": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                 num_key_value_heads=2, tie_word_embeddings=True),
+    "1.5b": dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                 num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True),
+    "3b": dict(vocab_size=151936, hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
+               num_attention_heads=16, num_key_value_heads=2, tie_word_embeddings=True),
+    "7b": dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+               num_attention_heads=28, num_key_value_heads=4, tie_word_embeddings=False),
+    "tiny": dict(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, tie_word_embeddings=True),
+}
+SHAPE = {**SHAPES["0.5b"], **COMMON}
+GSM8K = dict(prompt=(64, 256), response=(50, 512))  # token lengths of a GSM8K-like rollout (min, max)
 
 
 def parse() -> argparse.Namespace:
@@ -41,21 +57,48 @@ def parse() -> argparse.Namespace:
     p.add_argument("--updates", type=int, default=3, help="timed updates (after one warm-up update)")
     p.add_argument("--model-dir", default=None, help="existing HF folder to use instead of a random Qwen2-0.5B shape")
     p.add_argument("--attention-backend", default="auto",
-                   help="override_transformer_config.attention_backend: auto (torch SDPA) or local (megatron's unfused)")
+                   help="override_transformer_config.attention_backend: auto (torch SDPA / TE's choice) or local "
+                        "(megatron's unfused)")
+    p.add_argument("--shape", default="0.5b", choices=sorted(SHAPES), help="Qwen2.5 shape of the random model")
+    p.add_argument("--transformer-impl", default=None, choices=["transformer_engine", "local"],
+                   help="*.megatron.transformer_impl (default: transformer_engine where it imports)")
+    p.add_argument("--packed", action="store_true", help="use_remove_padding: each micro-batch one THD sequence")
+    p.add_argument("--dynamic-tokens", type=int, default=None,
+                   help="use_dynamic_bsz with this ppo_max_token_len_per_gpu instead of --micro samples per micro-batch")
+    p.add_argument("--lengths", default="uniform", choices=["uniform", "gsm8k"],
+                   help="uniform: prompts <= --prompt with up to 1/4 padding, responses 3/4..1 of --response; "
+                        f"gsm8k: prompts {GSM8K['prompt']} and responses {GSM8K['response']} tokens, uniform")
+    p.add_argument("--recompute", action="store_true", help="full activation recomputation (enable_gradient_checkpointing)")
+    p.add_argument("--fp8", default=None, choices=["e4m3", "hybrid"], help="override_transformer_config.fp8 (TE only)")
+    p.add_argument("--fp8-recipe", default=None, choices=["delayed", "tensorwise", "mxfp8", "blockwise"])
+    p.add_argument("--skip-offload", action="store_true", help="do not measure offload/onload (big shapes)")
+    p.add_argument("--override-optimizer-config", default="{}",
+                   help="JSON merged into actor.optim.override_optimizer_config (e.g. megatron's optimizer CPU offload)")
+    p.add_argument("--cpu-dry-run", action="store_true",
+                   help="run every option's code path once on a tiny model on the CPU (gloo, fp32); no timings")
     p.add_argument("--peer", default=None,
                    help="an earlier result JSON of this script (e.g. --attention-backend local, same lease): ratios against it")
-    return p.parse_args()
+    args = p.parse_args()
+    if args.cpu_dry_run:
+        args.shape, args.samples, args.micro, args.updates, args.skip_offload = "tiny", 8, 2, 1, True
+        args.prompt, args.response = min(args.prompt, 32), min(args.response, 48)
+    if args.lengths == "gsm8k":
+        args.prompt, args.response = (min(args.prompt, 32), min(args.response, 48)) if args.cpu_dry_run else \
+            (GSM8K["prompt"][1], GSM8K["response"][1])
+    return args
 
 
-def make_model(folder: str) -> str:
+def make_model(folder: str, shape: str = "0.5b") -> str:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = Qwen2ForCausalLM(Qwen2Config(**SHAPE)).to(torch.bfloat16)
+    cuda = torch.cuda.is_available() and shape != "tiny"
+    with torch.device("cuda" if cuda else "cpu"):
+        model = Qwen2ForCausalLM(Qwen2Config(**SHAPES[shape], **COMMON)).to(torch.bfloat16 if cuda else torch.float32)
     model.save_pretrained(folder)
     del model
-    torch.cuda.empty_cache()
+    if cuda:
+        torch.cuda.empty_cache()
     return folder
 
 
@@ -80,6 +123,24 @@ def random_rollout_batch(n: int, prompt: int, response: int, vocab: int, min_kee
             "responses": ids[:, prompt:].clone(), "response_mask": resp_mask}
 
 
+def spread_rollout_batch(n: int, prompt: tuple[int, int], response: tuple[int, int], vocab: int) -> dict[str, torch.Tensor]:
+    """Like random_rollout_batch, with prompt and response lengths drawn uniformly from (min, max) ranges (a
+    GSM8K-like spread: most padding of a padded micro-batch comes from the spread of response lengths)."""
+    g = torch.Generator().manual_seed(0)
+    P, R = prompt[1], response[1]
+    ids = torch.randint(10, vocab - 10, (n, P + R), generator=g)
+    mask = torch.zeros_like(ids)
+    resp_mask = torch.zeros(n, R)
+    for i in range(n):
+        p = int(torch.randint(prompt[0], P + 1, (1,), generator=g))
+        r = int(torch.randint(response[0], R + 1, (1,), generator=g))
+        mask[i, P - p:P + r] = 1
+        resp_mask[i, :r] = 1
+    ids = ids * mask
+    return {"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(1) - 1).clamp(min=0),
+            "responses": ids[:, P:].clone(), "response_mask": resp_mask}
+
+
 def model_flops(arch, lengths: torch.Tensor) -> float:
     h, f, L = arch.hidden_size, arch.ffn_hidden_size, arch.num_layers
     d_q, d_kv = arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
@@ -91,31 +152,49 @@ def model_flops(arch, lengths: torch.Tensor) -> float:
 
 
 def build_actor(hf_dir: str, args: argparse.Namespace):
-    from hybridrl.adapters.megatron import parallel
+    from hybridrl.adapters.megatron import compat, parallel
     from hybridrl.adapters.megatron.actor import MegatronActor
     from hybridrl.config.schema.actor import ActorConfig, ModelConfig
     from hybridrl.config.schema.common import MegatronConfig, OptimConfig
     from hybridrl.config.validate import BatchPlan, ParallelLayout
 
+    if args.cpu_dry_run:
+        compat.apply(force_cpu=True)
     parallel.ensure_process_group(timeout_s=600)
-    layout = ParallelLayout(world_size=1, tp=1, pp=1, cp=1, vpp=None, dp=1, sequence_parallel=False, dtype="bfloat16")
+    layout = ParallelLayout(world_size=1, tp=1, pp=1, cp=1, vpp=None, dp=1, sequence_parallel=False,
+                            dtype="float32" if args.cpu_dry_run else "bfloat16")
     parallel.init_megatron(layout, seed=1)
-    cfg = ActorConfig(ppo_mini_batch_size=args.samples, ppo_micro_batch_size_per_gpu=args.micro,
-                      loss_agg_mode="token-mean", optim=OptimConfig(lr=1e-6, clip_grad=1.0, total_training_steps=100),
+    overrides = {"attention_backend": args.attention_backend}
+    overrides.update({k: v for k, v in (("fp8", args.fp8), ("fp8_recipe", args.fp8_recipe)) if v})
+    dynamic = args.dynamic_tokens is not None
+    cfg = ActorConfig(ppo_mini_batch_size=args.samples, ppo_micro_batch_size_per_gpu=None if dynamic else args.micro,
+                      use_dynamic_bsz=dynamic, ppo_max_token_len_per_gpu=args.dynamic_tokens or 16384,
+                      loss_agg_mode="token-mean",
+                      optim=OptimConfig(lr=1e-6, clip_grad=1.0, total_training_steps=100,
+                                        override_optimizer_config=json.loads(args.override_optimizer_config)),
                       megatron=MegatronConfig(use_distributed_optimizer=True, sequence_parallel=False, seed=1,
-                                              override_transformer_config={"attention_backend": args.attention_backend}))
+                                              transformer_impl=args.transformer_impl,
+                                              override_transformer_config=overrides))
+    tokens = args.dynamic_tokens or 16384
     plan = BatchPlan(samples_per_step=args.samples, mini_batch_samples=args.samples, mini_batches_per_epoch=1,
-                     ppo_epochs=1, mini_batch_per_dp=args.samples, micro_batch_per_gpu=args.micro,
-                     grad_accum=args.samples // args.micro, use_dynamic_bsz=False, max_token_len_per_gpu=16384,
-                     forward_micro_batch_per_gpu=args.micro * 2, forward_max_token_len_per_gpu=16384)
-    return MegatronActor(ModelConfig(path=hf_dir), cfg, layout, plan)
+                     ppo_epochs=1, mini_batch_per_dp=args.samples, micro_batch_per_gpu=None if dynamic else args.micro,
+                     grad_accum=None if dynamic else args.samples // args.micro, use_dynamic_bsz=dynamic,
+                     max_token_len_per_gpu=tokens, forward_micro_batch_per_gpu=None if dynamic else args.micro * 2,
+                     forward_max_token_len_per_gpu=2 * tokens)
+    model = ModelConfig(path=hf_dir, use_remove_padding=args.packed, enable_gradient_checkpointing=args.recompute)
+    return MegatronActor(model, cfg, layout, plan)
+
+
+def synchronize() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 def timed(fn):
-    torch.cuda.synchronize()
+    synchronize()
     start = time.perf_counter()
     out = fn()
-    torch.cuda.synchronize()
+    synchronize()
     return out, time.perf_counter() - start
 
 
@@ -124,31 +203,39 @@ def main() -> None:
     from hybridrl.protocol import DataProto
 
     workdir = tempfile.mkdtemp(prefix="train_bench_")
-    hf_dir = args.model_dir or make_model(workdir)
+    hf_dir = args.model_dir or make_model(workdir, args.shape)
     (actor, build_s) = timed(lambda: build_actor(hf_dir, args))
-    batch = random_rollout_batch(args.samples, args.prompt, args.response, actor.arch.vocab_size)
+    if args.lengths == "gsm8k":
+        lo = (8, 8) if args.cpu_dry_run else (GSM8K["prompt"][0], GSM8K["response"][0])
+        batch = spread_rollout_batch(args.samples, (lo[0], args.prompt), (lo[1], args.response), actor.arch.vocab_size)
+    else:
+        batch = random_rollout_batch(args.samples, args.prompt, args.response, actor.arch.vocab_size)
     data = DataProto.from_dict(batch, meta_info={"temperature": 1.0})
     actor.compute_log_prob(data)  # warm-up: the first call loads kernels (lazily loaded CUDA modules)
     out, logprob_s = timed(lambda: actor.compute_log_prob(data))
     data.batch["old_log_probs"] = out.batch["log_probs"]
     data.batch["advantages"] = torch.randn(batch["responses"].shape) * batch["response_mask"]
     actor.update_policy(data)  # warm-up (allocator, first-call kernels)
-    torch.cuda.reset_peak_memory_stats()
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
     seconds = []
     for _ in range(args.updates):
         metrics, s = timed(lambda: actor.update_policy(data))
         seconds.append(s)
-    peak = torch.cuda.max_memory_allocated()
-    off = actor.offload(params=True, grads=True, optimizer=True)
-    on = actor.onload(params=True, grads=True, optimizer=True)
+    peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0
+    off = on = None
+    if not args.skip_offload:
+        off = actor.offload(params=True, grads=True, optimizer=True)
+        on = actor.onload(params=True, grads=True, optimizer=True)
 
     lengths = batch["attention_mask"].sum(1)
     flops, n_matmul = model_flops(actor.arch, lengths)
     update_s = sum(seconds) / len(seconds)
     tokens = int(lengths.sum())
+    impl = "transformer_engine" if _uses_te(actor) else "local"
     result = {
         "command": "python " + " ".join(sys.argv),
-        "device": torch.cuda.get_device_name(),
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (dry run)",
         "date": datetime.date.today().isoformat(),
         "metrics": {
             "train_mfu": flops / update_s / PEAK_FLOPS,
@@ -156,41 +243,66 @@ def main() -> None:
             "update_seconds": update_s,
             "logprob_tokens_per_s": tokens / logprob_s,
             "peak_memory_gib": peak / 2**30,
-            "offload_seconds": off.seconds,
-            "offload_bytes": off.total_bytes,
-            "offload_params_bytes": off.params_bytes,
-            "offload_grads_bytes": off.grads_bytes,
-            "offload_optimizer_bytes": off.optimizer_bytes,
-            "onload_seconds": on.seconds,
-            "onload_bytes": on.total_bytes,
             "build_and_import_seconds": build_s,
             "tokens_per_update": tokens,
             "matmul_params": n_matmul,
             "last_grad_norm": metrics["actor/grad_norm"],
         },
         "setup": {"samples": args.samples, "prompt": args.prompt, "response": args.response, "micro": args.micro,
-                  "model": "Qwen2.5-0.5B shape, random bf16" if not args.model_dir else args.model_dir,
-                  "layout": "tp=1 pp=1 dp=1, distributed optimizer, local layer spec (no transformer-engine)",
+                  "shape": args.shape, "lengths": args.lengths, "packed": args.packed, "transformer_impl": impl,
+                  "dynamic_tokens": args.dynamic_tokens, "recompute": args.recompute, "fp8": args.fp8,
+                  "fp8_recipe": args.fp8_recipe,
+                  "model": f"Qwen2.5-{args.shape} shape, random bf16" if not args.model_dir else args.model_dir,
+                  "layout": f"tp=1 pp=1 dp=1, distributed optimizer, {impl} layer spec",
                   "attention_backend": args.attention_backend,
                   "mfu_formula": "(6*N*tokens + 6*L*d_attn*sum(s_i^2)) / (update_seconds * 989e12)"},
     }
+    if args.shape == "7b":
+        result["metrics"]["train_mfu_7b"] = result["metrics"]["train_mfu"]
+    if off is not None:
+        result["metrics"].update(offload_seconds=off.seconds, offload_bytes=off.total_bytes,
+                                 offload_params_bytes=off.params_bytes, offload_grads_bytes=off.grads_bytes,
+                                 offload_optimizer_bytes=off.optimizer_bytes, onload_seconds=on.seconds,
+                                 onload_bytes=on.total_bytes)
     if args.peer:
         with open(args.peer) as f:
             peer = json.load(f)
         m, p = result["metrics"], peer["metrics"]
         m["update_tokens_per_s_vs_peer"] = m["update_tokens_per_s"] / p["update_tokens_per_s"]
         m["logprob_tokens_per_s_vs_peer"] = m["logprob_tokens_per_s"] / p["logprob_tokens_per_s"]
-        m["peak_memory_vs_peer"] = m["peak_memory_gib"] / p["peak_memory_gib"]
+        m["peak_memory_vs_peer"] = m["peak_memory_gib"] / p["peak_memory_gib"] if p["peak_memory_gib"] else None
+        m.update(named_ratios(result["setup"], peer["setup"], m["update_tokens_per_s_vs_peer"]))
         result["setup"]["peer"] = {"attention_backend": peer["setup"].get("attention_backend", "local"),
                                    "command": peer["command"], "metrics": p}
     print(json.dumps(result, indent=2))
     print("MFU = (6 * N * tokens + 6 * L * d_attn * sum_i s_i^2) / (seconds * 989e12); "
           f"N={n_matmul:,}, tokens={tokens:,}, seconds={update_s:.3f}")
+    if args.cpu_dry_run:
+        torch.distributed.destroy_process_group()
+        return
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2)
     write_summary(os.path.splitext(args.out)[0] + ".md", result)
     torch.distributed.destroy_process_group()
+
+
+def _uses_te(actor) -> bool:
+    from hybridrl.adapters.megatron.weights import topology
+
+    return topology(actor.engine.chunks, actor.layout, value_head=False).te_names
+
+
+# The issue's ratio names: this run over a peer that differs in exactly that setting (same lease).
+RATIOS = {"te_vs_local_tokens_per_s": ("transformer_impl", "transformer_engine", "local"),
+          "packed_vs_padded_tokens_per_s": ("packed", True, False)}
+
+
+def named_ratios(mine: dict, peer: dict, ratio: float) -> dict[str, float]:
+    compared = ("transformer_impl", "packed", "shape", "lengths", "samples", "dynamic_tokens", "recompute", "fp8")
+    differ = {k for k in compared if mine.get(k) != peer.get(k)}
+    return {name: ratio for name, (key, this, other) in RATIOS.items()
+            if differ == {key} and mine.get(key) == this and peer.get(key) == other}
 
 
 def write_summary(path: str, result: dict) -> None:
@@ -208,14 +320,22 @@ def write_summary(path: str, result: dict) -> None:
         f"valid tokens); log-prob forward: {m['logprob_tokens_per_s']:,.0f} tokens/s",
         f"- train_mfu: {m['train_mfu']:.3f} = {s['mfu_formula']} (N = {m['matmul_params']:,} matmul weights)",
         f"- peak memory during updates: {m['peak_memory_gib']:.2f} GiB",
-        f"- offload: {m['offload_bytes'] / 2**30:.2f} GiB in {m['offload_seconds']:.3f} s "
-        f"(params {m['offload_params_bytes'] / 2**30:.2f}, grads {m['offload_grads_bytes'] / 2**30:.2f} released, "
-        f"optimizer {m['offload_optimizer_bytes'] / 2**30:.2f}); onload {m['onload_bytes'] / 2**30:.2f} GiB in "
-        f"{m['onload_seconds']:.3f} s",
-        "",
-        f"Attention backend: {s['attention_backend']} (auto = torch SDPA, adapters/megatron/attention.py; local = "
-        "megatron's unfused DotProductAttention); no transformer-engine on the host.",
     ]
+    if "offload_bytes" in m:
+        lines.append(
+            f"- offload: {m['offload_bytes'] / 2**30:.2f} GiB in {m['offload_seconds']:.3f} s "
+            f"(params {m['offload_params_bytes'] / 2**30:.2f}, grads {m['offload_grads_bytes'] / 2**30:.2f} released, "
+            f"optimizer {m['offload_optimizer_bytes'] / 2**30:.2f}); onload {m['onload_bytes'] / 2**30:.2f} GiB in "
+            f"{m['onload_seconds']:.3f} s")
+    lines += [
+        "",
+        f"Layer spec: {s.get('transformer_impl', 'local')}; attention backend {s['attention_backend']} (auto = TE's "
+        "choice, or torch SDPA on the local spec, adapters/megatron/attention.py; local = megatron's unfused "
+        f"DotProductAttention); packed micro-batches: {s.get('packed', False)}; lengths: {s.get('lengths', 'uniform')}.",
+    ]
+    for name in RATIOS:
+        if name in m:
+            lines.append(f"- {name}: {m[name]:.2f} (against the peer run below, same lease)")
     if "peer" in s:
         lines += ["", f"Against the same run with attention_backend={s['peer']['attention_backend']} (same lease): update "
                   f"{m['update_tokens_per_s_vs_peer']:.2f}x tokens/s, log-prob forward {m['logprob_tokens_per_s_vs_peer']:.2f}x, "

@@ -1,14 +1,14 @@
 """megatron-core backend of the ActorModel / CriticModel interface (see ../base.py).
 
 Modules (one concern each):
-    compat       the ONLY place with CPU shims (gloo + fp32 without CUDA); device helpers
+    compat       the ONLY place with CPU shims (gloo + fp32 without CUDA) and run-time fixes of megatron-core
     parallel     init_megatron / dispatch_info / destroy_megatron on an initialised torch.distributed
     hf_config    HF config -> ModelArch (llama, qwen2, mistral, qwen3); errors name the config field
     builder      ModelArch + layout -> GPTModel chunks (local or transformer-engine spec), ValueHead, DDP
     attention    torch SDPA as the local spec's core attention (attention_backend), fallbacks to megatron's
     mapping      THE HF <-> Megatron weight mapping (fused QKV per group, fused gate/up, vocab padding, pp/vpp)
     weights      load_hf_weights (import) and export_hf_weights (collective, bucketed export)
-    forward      verl batch -> re-aligned micro-batches; vocab-parallel log-probs and entropy
+    forward      verl batch -> re-aligned (padded or packed THD, cp-split) micro-batches; vocab-parallel log-probs
     batching     mini-/micro-batch splitting (fixed size or token-packed)
     engine       schedules (1F1B under PP), optimizer, LR schedule, exact loss scaling contract
     role/actor/critic   MegatronActor (policy, or reference without optimizer), MegatronCritic

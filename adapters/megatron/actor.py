@@ -42,7 +42,8 @@ class MegatronActor(MegatronRole, ActorModel):
         super().__init__(model.path, megatron, layout, optim=None if actor is None else actor.optim,
                          override_config=model.override_config, recompute=model.enable_gradient_checkpointing,
                          load_weight=(ref or actor).load_weight, total_training_steps=total_training_steps,
-                         transformer_overrides={"moe_enable_routing_replay": True} if replay else None)
+                         transformer_overrides={"moe_enable_routing_replay": True} if replay else None,
+                         remove_padding=model.use_remove_padding)
         self.objective = None if actor is None else ActorObjective.from_config(actor)
         self.routing = Routing(self.engine.chunks, replay) if self.arch.is_moe and actor is not None else None
         if actor is None:

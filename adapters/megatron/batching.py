@@ -1,4 +1,5 @@
-"""Splitting a rank's DataProto into mini-batches and micro-batches (fixed size or token-packed).
+"""Splitting a rank's DataProto into mini-batches and micro-batches (fixed size or token-packed), each
+in the padded layout or packed into one THD sequence (forward.pack / forward.pack_thd).
 
 Why counts may be rounded: megatron's interleaved (virtual pipeline) schedule needs at least pp
 micro-batches and a multiple of pp, so `multiple` pads the number of micro-batches (rows are spread
@@ -13,7 +14,7 @@ import torch
 
 from hybridrl.protocol import DataProto
 
-from .forward import MicroBatch, pack
+from .forward import MicroBatch, pack, pack_thd, split_for_cp
 
 
 def row_lengths(data: DataProto) -> torch.Tensor:
@@ -24,25 +25,33 @@ def split_rows(n: int, max_rows: int, multiple: int = 1) -> list[torch.Tensor]:
     """Row indices of ceil(n / max_rows) micro-batches (rounded up to `multiple`), sizes within one."""
     count = -(-n // max(max_rows, 1))
     count = -(-count // multiple) * multiple
+    _check_fill(n, count, multiple)
+    return [part for part in torch.arange(n).tensor_split(count) if len(part)]
+
+
+def _check_fill(n: int, count: int, multiple: int) -> None:
     if count > n:
         raise ValueError(f"{n} samples cannot fill {count} micro-batches: the virtual pipeline schedule needs a "
                          f"multiple of pipeline_model_parallel_size={multiple} micro-batches; give each rank more samples "
                          "or unset virtual_pipeline_model_parallel_size")
-    return [part for part in torch.arange(n).tensor_split(count) if len(part)]
 
 
-def split_tokens(lengths: torch.Tensor, max_tokens: int, multiple: int = 1) -> list[torch.Tensor]:
+def split_tokens(lengths: torch.Tensor, max_tokens: int, multiple: int = 1, min_count: int = 1) -> list[torch.Tensor]:
     """Rows packed into micro-batches of at most `max_tokens` tokens (sum of lengths), balanced.
 
-    Greedy longest-first into the lightest bin, starting from the fewest bins the budget allows and
-    adding bins until every bin fits. A single row longer than the budget gets a bin of its own.
+    Greedy longest-first into the lightest bin, starting from the fewest bins the budget allows (at least
+    `min_count`: the dp ranks agree on one count) and adding bins until every bin fits. A single row
+    longer than the budget gets a bin of its own.
     """
     n = len(lengths)
     total = int(lengths.sum())
-    count = max(1, -(-total // max(max_tokens, 1)))
+    count = max(1, min_count, -(-total // max(max_tokens, 1)))
+    most = n - n % multiple  # at most one row per bin, and a multiple of `multiple` bins
+    if multiple > 1:
+        _check_fill(n, multiple, multiple)
     order = torch.argsort(lengths, descending=True, stable=True).tolist()
     while True:
-        count = min(-(-count // multiple) * multiple, n)
+        count = min(-(-count // multiple) * multiple, most)
         bins: list[list[int]] = [[] for _ in range(count)]
         load = [0] * count
         for i in order:
@@ -50,29 +59,36 @@ def split_tokens(lengths: torch.Tensor, max_tokens: int, multiple: int = 1) -> l
             bins[b].append(i)
             load[b] += int(lengths[i])
         fits = all(load[b] <= max_tokens or len(bins[b]) == 1 for b in range(count))
-        if fits or count >= n:
+        if fits or count >= most:
             break
         count += 1
     return [torch.tensor(sorted(b)) for b in bins if b]
 
 
 def micro_batches(data: DataProto, keys: list[str], max_rows: Optional[int], max_tokens: Optional[int],
-                  multiple: int = 1, seq_multiple: int = 1) -> list[MicroBatch]:
-    """MicroBatches of `data` carrying the [B, R] tensors named in `keys` as extras."""
+                  multiple: int = 1, seq_multiple: int = 1, thd: bool = False, min_count: int = 1,
+                  cp: tuple[int, int] = (0, 1)) -> list[MicroBatch]:
+    """MicroBatches of `data` carrying the [B, R] tensors named in `keys` as extras; `thd` packs each into
+    one sequence (use_remove_padding), `seq_multiple` rounds its (padded row or packed) length. With
+    cp = (rank, size > 1) every sequence is padded to a multiple of 2*size*seq_multiple and this rank
+    keeps its share (forward.split_for_cp)."""
     n = len(data)
     if max_tokens is not None:
-        groups = split_tokens(row_lengths(data), max_tokens, multiple)
+        groups = split_tokens(row_lengths(data), max_tokens, multiple, min_count)
     else:
         groups = split_rows(n, max_rows or n, multiple)
     batch = data.batch
     missing = [k for k in ("input_ids", "attention_mask", "responses", *keys) if k not in batch]
     if missing:
         raise KeyError(f"DataProto is missing {missing}; present: {sorted(batch)}")
+    cp_rank, cp_size = cp
+    align = 2 * cp_size * seq_multiple if cp_size > 1 else 1
     out = []
     for rows in groups:
         extras = {k: batch[k][rows] for k in keys}
-        out.append(pack(batch["input_ids"][rows], batch["attention_mask"][rows], batch["responses"][rows],
-                        rows, extras, multiple=seq_multiple))
+        args = (batch["input_ids"][rows], batch["attention_mask"][rows], batch["responses"][rows], rows, extras)
+        mb = pack_thd(*args, multiple=max(seq_multiple, align), align=align) if thd else pack(*args, multiple=max(seq_multiple, align))
+        out.append(split_for_cp(mb, cp_rank, cp_size))
     return out
 
 

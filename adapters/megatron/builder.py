@@ -3,8 +3,9 @@
 One builder for the three roles: the actor and the reference are language models; the critic is
 the same network with the vocab projection replaced by a scalar value head (see ValueHead).
 Layers come from the local spec (pure torch + megatron's tensor-parallel linears, torch SDPA as the
-core attention: attention.py), or from the transformer-engine spec when transformer_engine imports on
-a GPU. fp32 on CPU, bf16 (or the layout's dtype) on GPU through megatron's Float16Module.
+core attention: attention.py) or from the transformer-engine spec (fused norm+linear, TE attention,
+FP8), as `*.megatron.transformer_impl` says; by default TE where transformer_engine imports on a GPU.
+fp32 on CPU, bf16 (or the layout's dtype) on GPU through megatron's Float16Module.
 """
 from __future__ import annotations
 
@@ -26,9 +27,25 @@ log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+IMPLS = ("transformer_engine", "local")
+
+
 def use_transformer_engine() -> bool:
-    """TE layers only on a GPU where transformer_engine imports (never required)."""
+    """Whether TE layers can run here: a GPU and an importable transformer_engine (never required)."""
     return compat.cuda_in_use() and importlib.util.find_spec("transformer_engine") is not None
+
+
+def resolve_impl(requested: Optional[str]) -> str:
+    """`*.megatron.transformer_impl` -> the layer spec to build: null picks TE where it can run, else local."""
+    if requested is None:
+        return "transformer_engine" if use_transformer_engine() else "local"
+    if requested not in IMPLS:
+        raise ValueError(f"*.megatron.transformer_impl={requested!r} is not one of {', '.join(IMPLS)} (or null)")
+    if requested == "transformer_engine" and not use_transformer_engine():
+        where = "transformer_engine does not import" if compat.cuda_in_use() else "this process trains on the CPU"
+        raise ValueError(f"*.megatron.transformer_impl=transformer_engine but {where}; install transformer-engine on "
+                         "the GPU host or set *.megatron.transformer_impl=local")
+    return requested
 
 
 def model_dtype(layout: ParallelLayout) -> torch.dtype:
@@ -36,14 +53,21 @@ def model_dtype(layout: ParallelLayout) -> torch.dtype:
 
 
 def transformer_config(arch: ModelArch, layout: ParallelLayout, *, recompute: bool = False,
-                       overrides: Optional[dict[str, Any]] = None) -> Any:
-    """megatron TransformerConfig equivalent to the HF model (dropout 0, no fused kernels needing apex)."""
+                       overrides: Optional[dict[str, Any]] = None, impl: str = "local") -> Any:
+    """megatron TransformerConfig equivalent to the HF model (dropout 0, no fused kernels needing apex).
+    `impl` is a resolved transformer_impl; FP8 (override fp8 / fp8_recipe) and context parallelism need TE."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     check_layout(arch, layout.tp, layout.pp, layout.vpp)
     check_expert_layout(arch, layout.tp, layout.ep, layout.etp)
     dtype = model_dtype(layout)
-    te = use_transformer_engine()
+    te = impl == "transformer_engine"
+    if not te and (overrides or {}).get("fp8"):
+        raise ValueError("override_transformer_config.fp8 needs transformer-engine layers: set "
+                         "*.megatron.transformer_impl=transformer_engine on a GPU, or remove fp8")
+    if not te and layout.cp > 1:
+        raise ValueError(f"context_parallel_size={layout.cp} needs transformer-engine attention: set "
+                         "*.megatron.transformer_impl=transformer_engine on a GPU, or context_parallel_size=1")
     # MoE layers train with tp > 1 only under sequence parallelism (megatron's rule); the local spec then
     # takes sequence-parallel torch norms (sequence_parallel_norm), which dense models do not use yet.
     sequence_parallel = layout.sequence_parallel and layout.tp > 1 and (te or arch.is_moe)
@@ -81,6 +105,8 @@ def transformer_config(arch: ModelArch, layout: ParallelLayout, *, recompute: bo
         fp16=dtype == torch.float16,
         use_cpu_initialization=not compat.cuda_in_use(),
         variable_seq_lengths=True,  # micro-batches are trimmed to their longest sequence
+        # Interleaved schedule: megatron's unbatched p2p pairs messages right with two stages (compat.py).
+        batch_p2p_comm=not layout.vpp,
         moe_token_dispatcher_type="alltoall",  # no MoE; megatron rejects the default with variable lengths
         gradient_accumulation_fusion=False,  # needs apex/TE kernels
         masked_softmax_fusion=False,
@@ -100,18 +126,17 @@ def transformer_config(arch: ModelArch, layout: ParallelLayout, *, recompute: bo
     return TransformerConfig(**kwargs)
 
 
-def layer_spec(arch: ModelArch, config: Any) -> Any:
-    """transformer-engine layers where TE imports, else megatron's local layers with torch SDPA as the core
-    attention (attention.py says why) unless config.attention_backend asks for megatron's unfused one."""
+def layer_spec(arch: ModelArch, config: Any, impl: str = "local") -> Any:
+    """transformer-engine layers, or megatron's local layers with attention.py's core attention (torch SDPA
+    unless config.attention_backend asks for megatron's unfused kernel; packed sequences either way)."""
     from megatron.core.models.gpt import gpt_layer_specs as specs
 
-    if use_transformer_engine():  # grouped-GEMM experts need TE (or the grouped_gemm package)
+    if impl == "transformer_engine":  # grouped-GEMM experts need TE (or the grouped_gemm package)
         return specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=arch.qk_norm, num_experts=arch.num_experts,
                                                                 moe_grouped_gemm=arch.is_moe)
     spec = specs.get_gpt_layer_local_spec(qk_layernorm=arch.qk_norm, normalization="RMSNorm",
                                           num_experts=arch.num_experts)
-    if attention.uses_sdpa(config):
-        spec.submodules.self_attention.submodules.core_attention = attention.sdpa_attention_class()
+    spec.submodules.self_attention.submodules.core_attention = attention.sdpa_attention_class()
     if config.sequence_parallel:
         sequence_parallel_norms(spec)
     return spec
@@ -174,8 +199,8 @@ class ValueHead(torch.nn.Module):
 
 
 def build_model(arch: ModelArch, layout: ParallelLayout, *, value_head: bool = False, seed: int = 42,
-                init_std: float = 0.02, recompute: bool = False,
-                overrides: Optional[dict[str, Any]] = None) -> list[torch.nn.Module]:
+                init_std: float = 0.02, recompute: bool = False, overrides: Optional[dict[str, Any]] = None,
+                transformer_impl: Optional[str] = None) -> list[torch.nn.Module]:
     """This rank's model chunks (one per virtual pipeline stage), on the training device and dtype.
 
     GPU bf16/fp16 chunks are wrapped in megatron's Float16Module (outputs come back in fp32).
@@ -185,8 +210,9 @@ def build_model(arch: ModelArch, layout: ParallelLayout, *, value_head: bool = F
     from megatron.core.models.gpt import GPTModel
     from megatron.core.transformer.module import Float16Module
 
-    config = transformer_config(arch, layout, recompute=recompute, overrides=overrides)
-    spec = layer_spec(arch, config)
+    impl = resolve_impl(transformer_impl)
+    config = transformer_config(arch, layout, recompute=recompute, overrides=overrides, impl=impl)
+    spec = layer_spec(arch, config, impl)
     chunks = []
     for vp_stage in range(layout.vpp or 1):
         stage = vp_stage if layout.vpp else None
@@ -194,7 +220,7 @@ def build_model(arch: ModelArch, layout: ParallelLayout, *, value_head: bool = F
         post = ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=stage)
         model = GPTModel(
             config=config,
-            transformer_layer_spec=_block_spec(spec, config, stage),
+            transformer_layer_spec=_block_spec(spec, config, stage, impl),
             vocab_size=arch.padded_vocab(layout.tp),
             max_sequence_length=arch.max_position_embeddings,
             pre_process=pre,
@@ -218,9 +244,9 @@ def build_model(arch: ModelArch, layout: ParallelLayout, *, value_head: bool = F
     return chunks
 
 
-def _block_spec(spec: Any, config: Any, vp_stage: Optional[int]) -> Any:
+def _block_spec(spec: Any, config: Any, vp_stage: Optional[int], impl: str) -> Any:
     """The layer spec, or under sequence parallelism with local norms a block spec whose final norm is one too."""
-    if not (config.sequence_parallel and not use_transformer_engine()):
+    if not (config.sequence_parallel and impl == "local"):
         return spec
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 

@@ -18,6 +18,8 @@ Instead of editing installed files, `apply()` (only when no CUDA device is used)
 and `install_memory_buffer()` (after model-parallel init) swaps in a CPU attention buffer.
 It also turns off oneDNN for matmuls (see apply()).
 `without_transformer_engine()` (CPU and GPU) fills a name megatron's MoE router expects from TE.
+`fix_two_stage_interleaving()` is the one fix of megatron-core that applies on every device (GPU too):
+with two pipeline stages and virtual stages its shape exchange pairs messages wrongly (see there).
 Everything is idempotent. A global redirect hides stray `.cuda()` calls, which is why device
 placement is tested on the GPU (tests/gpu) and why nothing outside this module touches devices.
 """
@@ -116,6 +118,37 @@ def model_parallel_seed(seed: int) -> None:
     tracker.add(mrandom._DATA_PARALLEL_RNG_TRACKER_NAME, seed)
     tracker.add(mrandom._MODEL_PARALLEL_RNG_TRACKER_NAME, seed + 2718 + tp_rank)
     tracker.add(mrandom._EXPERT_PARALLEL_RNG_TRACKER_NAME, seed + 1024 + 100 * ep_rank + etp_rank)
+
+
+def fix_two_stage_interleaving() -> None:
+    """Make megatron-core 0.16.1's interleaved schedule exchange micro-batch shapes correctly when
+    pipeline_model_parallel_size == 2 (any device). Idempotent.
+
+    With variable sequence lengths, each p2p step first sends the shapes of the tensors to come, in ONE
+    batch ordered [send_prev, recv_prev, send_next, recv_next]. With two stages the previous and the next
+    rank are the same peer, and p2p messages between two ranks are matched in the order they are posted
+    (gloo per tag, NCCL per peer): the activation shape one rank sends "next" lands in the peer's
+    "recv_next" slot, which expects a gradient's shape. The 1F1B schedule without virtual stages never
+    sends both ways at once; the interleaved one does. Running the exchange one direction at a time
+    (forward pair, then backward pair) pairs every message with its slot. The tensors themselves go
+    through megatron's unbatched p2p (builder sets batch_p2p_comm=False), which handles two stages.
+    """
+    from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
+
+    original = P2PCommunicator._communicate_shapes
+    if getattr(original, "_one_direction_at_a_time", False):
+        return
+
+    def communicate_shapes(self, tensor_send_next, tensor_send_prev, recv_prev, recv_next):
+        both_ways = (tensor_send_next is not None or recv_prev) and (tensor_send_prev is not None or recv_next)
+        if self.pp_group.size() != 2 or not both_ways:
+            return original(self, tensor_send_next, tensor_send_prev, recv_prev, recv_next)
+        forward, _ = original(self, tensor_send_next, None, recv_prev, False)
+        _, backward = original(self, None, tensor_send_prev, False, recv_next)
+        return forward, backward
+
+    communicate_shapes._one_direction_at_a_time = True
+    P2PCommunicator._communicate_shapes = communicate_shapes
 
 
 # ------------------------------------------------------------------------------------------ pieces

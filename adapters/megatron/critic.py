@@ -14,7 +14,7 @@ from hybridrl.config.validate import BatchPlan, ParallelLayout
 from hybridrl.protocol import DataProto
 
 from .actor import global_batch
-from .forward import MicroBatch, gather_response
+from .forward import MicroBatch, gather_response, sum_over_cp
 from .role import MegatronRole
 
 METRICS = ["critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean"]
@@ -23,7 +23,7 @@ METRICS = ["critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean"]
 def response_values(out: torch.Tensor, mb: MicroBatch) -> torch.Tensor:
     """Value-head output [b, L, 1] -> values [b, R] (0 outside the attention mask)."""
     values = gather_response(out, mb).squeeze(-1).float()
-    return torch.where(mb.resp_valid, values, torch.zeros_like(values))
+    return sum_over_cp(torch.where(mb.resp_valid, values, torch.zeros_like(values)), mb)
 
 
 class MegatronCritic(MegatronRole, CriticModel):
@@ -36,7 +36,7 @@ class MegatronCritic(MegatronRole, CriticModel):
         super().__init__(critic.model.path, critic.megatron, layout, optim=critic.optim, value_head=True,
                          override_config=critic.model.override_config,
                          recompute=critic.model.enable_gradient_checkpointing, load_weight=critic.load_weight,
-                         total_training_steps=total_training_steps)
+                         total_training_steps=total_training_steps, remove_padding=critic.model.use_remove_padding)
 
     def compute_values(self, data: DataProto) -> DataProto:
         plan = self.batch

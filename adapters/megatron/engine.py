@@ -71,7 +71,8 @@ class Engine:
                 routed["padding_mask"] = mb.padding_mask
             if prepare is not None:
                 prepare(mb)
-            out = model(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=None, **routed)
+            out = model(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=None,
+                        packed_seq_params=mb.packed_seq_params(), **routed)
             return out, functools.partial(_loss, mb)
 
         def _loss(mb, out):
@@ -218,6 +219,19 @@ def sum_over_dp(values: Iterable[float]) -> list[float]:
     if ps.get_data_parallel_world_size() > 1:
         dist.all_reduce(t, group=ps.get_data_parallel_group())
     return t.tolist()
+
+
+def max_over_dp(value: int) -> int:
+    """The largest of one integer over the data-parallel group."""
+    from megatron.core import parallel_state as ps
+
+    from . import compat
+
+    if ps.get_data_parallel_world_size() == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.int64, device=compat.device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=ps.get_data_parallel_group())
+    return int(t.item())
 
 
 def broadcast_from_last_stage(t: Optional[torch.Tensor], shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

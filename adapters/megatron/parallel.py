@@ -58,9 +58,6 @@ def init_megatron(layout: ParallelLayout, seed: int, timeout_s: Optional[float] 
         raise ValueError(f"init_megatron: this process already runs layout {_describe(_LAYOUT)}; megatron-core keeps "
                          f"one layout per process, cannot switch to {_describe(layout)}")
     _select_gpu()
-    if layout.cp > 1:
-        raise ValueError(f"context_parallel_size={layout.cp}: context parallelism needs transformer-engine's attention, "
-                         "which this build does not use; set *.megatron.context_parallel_size=1")
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=layout.tp,
         pipeline_model_parallel_size=layout.pp,
@@ -73,6 +70,8 @@ def init_megatron(layout: ParallelLayout, seed: int, timeout_s: Optional[float] 
     )
     compat.install_memory_buffer()
     compat.without_transformer_engine()
+    if layout.vpp:
+        compat.fix_two_stage_interleaving()
     compat.model_parallel_seed(seed)
     _LAYOUT = layout
 
@@ -100,6 +99,12 @@ def dispatch_info() -> DispatchInfo:
                and ps.is_pipeline_last_stage(ignore_virtual=True))
     return DispatchInfo(dp_rank=ps.get_data_parallel_rank(), dp_size=ps.get_data_parallel_world_size(),
                         is_collect=collect)
+
+
+def cp_rank_and_size() -> tuple[int, int]:
+    from megatron.core import parallel_state as ps
+
+    return ps.get_context_parallel_rank(), ps.get_context_parallel_world_size()
 
 
 def layout_for(world_size: int, tp: int = 1, pp: int = 1, vpp: Optional[int] = None,

@@ -5,6 +5,7 @@ import contextlib
 import copy
 import dataclasses
 import logging
+import math
 from typing import Any, Collection, Iterator, Optional
 
 import torch
@@ -14,9 +15,9 @@ from hybridrl.config.schema.common import MegatronConfig, OptimConfig
 from hybridrl.config.validate import ParallelLayout
 
 from . import checkpoint, offload, parallel
-from .batching import micro_batches, mini_batch_rows
+from .batching import micro_batches, mini_batch_rows, row_lengths, split_tokens
 from .builder import build_model
-from .engine import Engine, broadcast_from_last_stage, sum_over_dp
+from .engine import Engine, broadcast_from_last_stage, max_over_dp, sum_over_dp
 from .hf_config import arch_from_hf, load_hf_config
 from .weights import export_hf_weights, load_hf_weights, local_regions
 
@@ -31,12 +32,7 @@ class MegatronRole:
     def __init__(self, hf_path: str, megatron: MegatronConfig, layout: ParallelLayout, *,
                  optim: Optional[OptimConfig], value_head: bool = False, override_config: Optional[dict] = None,
                  recompute: bool = False, load_weight: bool = True, total_training_steps: Optional[int] = None,
-                 transformer_overrides: Optional[dict] = None) -> None:
-        if optim is not None and layout.vpp:
-            raise ValueError(f"{self.role}: virtual_pipeline_model_parallel_size={layout.vpp} works for forward passes "
-                             "(log-probs, values) but training with megatron's interleaved schedule is not validated "
-                             "in this build (on gloo it mixes up p2p messages); unset "
-                             "*.megatron.virtual_pipeline_model_parallel_size")
+                 transformer_overrides: Optional[dict] = None, remove_padding: bool = False) -> None:
         parallel.init_megatron(layout, seed=megatron.seed)
         self.hf_path = hf_path
         self.hf_config = _with_overrides(load_hf_config(hf_path), override_config or {})
@@ -44,11 +40,12 @@ class MegatronRole:
         self.layout = layout
         self.megatron = megatron
         self.value_head = value_head
+        self.remove_padding = remove_padding  # micro-batches packed into one THD sequence (forward.pack_thd)
         overrides = {"calculate_per_token_loss": True, **(transformer_overrides or {}),
                      **megatron.override_transformer_config}
         chunks = build_model(self.arch, layout, value_head=value_head, seed=megatron.seed,
                              init_std=getattr(self.hf_config, "initializer_range", 0.02), recompute=recompute,
-                             overrides=overrides)
+                             overrides=overrides, transformer_impl=megatron.transformer_impl)
         if load_weight:
             load_hf_weights(chunks, hf_path, self.arch, layout, value_head=value_head)
         self.engine = Engine(chunks, layout, optim, megatron.use_distributed_optimizer and optim is not None,
@@ -136,9 +133,17 @@ class MegatronRole:
 
     def _micro_batches(self, data, keys: list[str], max_rows: Optional[int], max_tokens: Optional[int]):
         """Micro-batches for this layout; under sequence parallelism (transformer-engine only) megatron
-        splits the sequence over tp, so lengths are rounded to a multiple of tp."""
-        seq_multiple = self.layout.tp if self.engine.config.sequence_parallel else 1
-        return micro_batches(data, keys, max_rows, max_tokens, self._mb_multiple(), seq_multiple)
+        splits the sequence over tp, so lengths are rounded to a multiple of tp, and FP8 GEMMs want token
+        counts in multiples of 16. Token-budget micro-batches: every dp rank runs as many as the rank that
+        needs the most, so the ranks' schedules stay in step."""
+        config = self.engine.config
+        seq_multiple = math.lcm(self.layout.tp if config.sequence_parallel else 1, 16 if config.fp8 else 1)
+        min_count = 1
+        if max_tokens is not None:
+            mine = len(split_tokens(row_lengths(data), max_tokens, self._mb_multiple()))
+            min_count = max_over_dp(mine)
+        return micro_batches(data, keys, max_rows, max_tokens, self._mb_multiple(), seq_multiple,
+                             thd=self.remove_padding, min_count=min_count, cp=parallel.cp_rank_and_size())
 
     def _rank_metrics(self, per_micro: list[dict[str, torch.Tensor]], names: list[str]) -> list[float]:
         """Sum weighted per-micro-batch metrics on the last stage, then over dp; same values on every rank."""

@@ -29,9 +29,7 @@ NO_EFFECT = {
     "data.filter_overlong_prompts_workers": 1,
     f"{ARA}.actor.use_torch_compile": True,
     f"{ARA}.ref.use_torch_compile": True,
-    f"{ARA}.model.use_remove_padding": False,
     f"{ARA}.model.use_fused_kernels": False,
-    "critic.model.use_remove_padding": False,
     f"{ARA}.actor.checkpoint.async_save": False,
     "trainer.esi_redundant_time": 0,
     "trainer.default_hdfs_dir": None,
@@ -172,9 +170,6 @@ def _layout(key: str, m: MegatronConfig, world: int, device: str, p: _Problems) 
     vpp = m.virtual_pipeline_model_parallel_size
     p.check(vpp is None or (vpp >= 1 and pp > 1),
             f"{key}.virtual_pipeline_model_parallel_size={vpp} needs pipeline_model_parallel_size > 1 (got {pp}); set it to null")
-    p.check(cp == 1, f"{key}.context_parallel_size={cp}: context parallelism is not supported yet; set it to 1")
-    p.check(vpp is None, f"{key}.virtual_pipeline_model_parallel_size={vpp}: interleaved pipeline training is not "
-                         "supported yet (forward passes are); set it to null")
     ep, etp = m.expert_model_parallel_size, m.expert_tensor_parallel_size
     p.check(ep >= 1, f"{key}.expert_model_parallel_size={ep} must be >= 1")
     p.check(etp is None or etp >= 1, f"{key}.expert_tensor_parallel_size={etp} must be null (= tensor_model_parallel_size) or >= 1")
@@ -211,6 +206,43 @@ def _check_transformer_overrides(key: str, m: MegatronConfig, p: _Problems) -> N
     for k in overrides:
         p.check(k in names, f"{key}.override_transformer_config.{k} is not a megatron TransformerConfig field"
                             f"{_did_you_mean(k, names)}")
+
+
+FP8_FORMATS = ("e4m3", "hybrid")
+FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise")  # tensorwise: current scaling
+
+
+def _check_transformer_impl(key: str, m: MegatronConfig, device: str, te_available: Callable[[], bool],
+                            p: _Problems) -> None:
+    """transformer_impl, and what only transformer-engine layers run: FP8 and context parallelism."""
+    impl = m.transformer_impl
+    _choices(f"{key}.transformer_impl", str(impl), ["transformer_engine", "local", "None"], p)
+    if impl == "transformer_engine":
+        p.check(device == "cuda", f"{key}.transformer_impl=transformer_engine needs a GPU (trainer.device is {device}); "
+                                  "set it to local or null")
+        p.check(device != "cuda" or te_available(),
+                f"{key}.transformer_impl=transformer_engine but transformer_engine does not import here; install "
+                "transformer-engine or set it to local (or null: TE where it imports)")
+    te = device == "cuda" and impl != "local" and te_available()
+    cp = m.context_parallel_size
+    p.check(cp <= 1 or te, f"{key}.context_parallel_size={cp} needs transformer-engine attention: set "
+                           f"{key}.transformer_impl=transformer_engine on a GPU (trainer.device=cuda) with transformer_engine "
+                           "installed, or set context_parallel_size=1")
+    overrides = m.override_transformer_config or {}
+    fp8, recipe = overrides.get("fp8"), overrides.get("fp8_recipe")
+    if fp8 is not None:
+        _choices(f"{key}.override_transformer_config.fp8", str(fp8), list(FP8_FORMATS), p)
+        p.check(te, f"{key}.override_transformer_config.fp8={fp8} needs transformer-engine layers: set "
+                    f"{key}.transformer_impl=transformer_engine on a GPU (trainer.device=cuda), or remove fp8")
+    if recipe is not None:
+        _choices(f"{key}.override_transformer_config.fp8_recipe", str(recipe), list(FP8_RECIPES), p)
+        p.check(fp8 is not None, f"{key}.override_transformer_config.fp8_recipe={recipe} without fp8: set "
+                                 f"{key}.override_transformer_config.fp8=e4m3 (or hybrid), or remove fp8_recipe")
+
+
+def _engine_keys(m: MegatronConfig) -> tuple:
+    overrides = m.override_transformer_config or {}
+    return m.transformer_impl, overrides.get("fp8"), overrides.get("fp8_recipe")
 
 
 def _same_layout(key: str, m: MegatronConfig, actor: MegatronConfig, p: _Problems) -> None:
@@ -370,6 +402,10 @@ def _check_actor(cfg: PPOConfig, p: _Problems) -> None:
         p.check(not cfg.actor_rollout_ref.model.enable_gradient_checkpointing,
                 f"{key}.router_replay.mode=R3 with {ARA}.model.enable_gradient_checkpointing=true is not supported "
                 "(the recomputed forward would need the replayed routing again); turn one of them off")
+    p.check(not (cfg.actor_rollout_ref.rollout.enable_rollout_routing_replay and cfg.actor_rollout_ref.model.use_remove_padding),
+            f"{ARA}.rollout.enable_rollout_routing_replay=true with {ARA}.model.use_remove_padding=true is not supported "
+            "yet (routing agreement and replay map the rollout's experts onto padded micro-batches); set "
+            f"{ARA}.model.use_remove_padding=false")
     p.check(cfg.actor_rollout_ref.hybrid_engine, f"{ARA}.hybrid_engine=false: hybridrl always colocates rollout and training")
     for role, optim in ((f"{key}.optim", actor.optim), ("critic.optim", cfg.critic.optim)):
         p.check(optim.lr >= 0, f"{role}.lr={optim.lr} must be >= 0")
@@ -418,12 +454,18 @@ def _no_effect_notes(cfg: PPOConfig, p: _Problems) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- entry
-def validate(cfg: PPOConfig, cuda_available: Optional[Callable[[], bool]] = None) -> RunConfig:
-    """Check `cfg` and derive all sizes. Raises ConfigError listing every problem."""
+def validate(cfg: PPOConfig, cuda_available: Optional[Callable[[], bool]] = None,
+             te_available: Optional[Callable[[], bool]] = None) -> RunConfig:
+    """Check `cfg` and derive all sizes. Raises ConfigError listing every problem.
+    `cuda_available` / `te_available` (whether transformer_engine imports) default to this machine's."""
     if cuda_available is None:
         def cuda_available() -> bool:
             import torch
             return torch.cuda.is_available()
+    if te_available is None:
+        def te_available() -> bool:
+            import importlib.util
+            return importlib.util.find_spec("transformer_engine") is not None
 
     p = _Problems()
     device = _device(cfg, p, cuda_available)
@@ -445,11 +487,18 @@ def validate(cfg: PPOConfig, cuda_available: Optional[Callable[[], bool]] = None
         ("log_prob_micro_batch_size", "log_prob_micro_batch_size_per_gpu"), f"{ARA}.rollout",
         r.log_prob_max_token_len_per_gpu,
     )
+    p.check(not actor.vpp or actor_batch.mini_batch_per_dp >= actor.pp,
+            f"{ARA}.actor.megatron.virtual_pipeline_model_parallel_size={actor.vpp}: the interleaved schedule runs a "
+            f"multiple of pipeline_model_parallel_size={actor.pp} micro-batches, but each dp rank gets "
+            f"{actor_batch.mini_batch_per_dp} sample(s) per mini-batch (ppo_mini_batch_size*rollout.n/dp); raise "
+            f"{ARA}.actor.ppo_mini_batch_size or unset virtual_pipeline_model_parallel_size")
     use_reference = ara.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
     _same_layout(f"{ARA}.ref.megatron", ara.ref.megatron, ara.actor.megatron, p)
     for key, m in ((f"{ARA}.actor.megatron", ara.actor.megatron), (f"{ARA}.ref.megatron", ara.ref.megatron),
                    ("critic.megatron", cfg.critic.megatron)):
         _check_transformer_overrides(key, m, p)
+        if m is ara.actor.megatron or _engine_keys(m) != _engine_keys(ara.actor.megatron):  # report once
+            _check_transformer_impl(key, m, device, te_available, p)
     ref_micro = _micro(f"{ARA}.ref", ara.ref.log_prob_micro_batch_size, ara.ref.log_prob_micro_batch_size_per_gpu,
                        actor.dp, p, "log_prob_micro_batch_size", "log_prob_micro_batch_size_per_gpu")
     if ref_micro is None:

@@ -60,7 +60,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     cl = parse_command_line(_normalize(rest))
     try:
         cfg = load_config(cl.overrides, cl.config_name, cl.config_path)
-        run = validate(cfg, cuda_available=lambda: True)  # plan for GPUs unless trainer.device=cpu
+        # plan for GPUs (with transformer-engine where asked) unless trainer.device=cpu
+        run = validate(cfg, cuda_available=lambda: True, te_available=lambda: True)
     except ConfigError as e:
         return _refuse([Problem(None, str(e))], args.json, gpu_bytes)
     ara = cfg.actor_rollout_ref

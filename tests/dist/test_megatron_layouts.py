@@ -9,16 +9,19 @@ One torchrun launch per layout runs all of that layout's checks (run_layout.py):
     give the same losses, metrics and grad norms as the 1-process run (relative diff < 1e-5), with
     the distributed optimizer on and off, other micro-batch sizes and dynamic batching;
   * resume: update 2 from the 1-process run's checkpoint (saved after update 1) in this layout equals
-    the uninterrupted update 2.
+    the uninterrupted update 2;
   * mixture of experts: parity (and the export) of tiny Qwen3-MoE, Qwen2-MoE (shared expert) and Mixtral
-    models, 8 experts, and their gradients against transformers' autograd; two PPO updates of the Qwen3-MoE actor with the load-balancing loss and z-loss on,
-    in ep=2 and ep=2 x tp=2 (experts split over etp=2, sequence parallel), against the 1-process run:
-    losses, grad norms, router-loss metrics, log-probs after the updates, and update 2 resumed from the
-    1-process checkpoint (ep=1 -> ep=2); routing against a rollout's (a quarter of its choices changed):
-    the agreement per response token and, with routing replay (R3), the log-probs of a transformers forward
-    forced to that routing, in one process and in ep=2 x tp=2.
-Virtual pipeline stages are checked for forward passes (parity, export) only: training with the
-interleaved schedule is rejected by the adapter (see role.py).
+    models, 8 experts, and their gradients against transformers' autograd; two PPO updates of the Qwen3-MoE actor
+    with the load-balancing loss and z-loss on, in ep=2 and ep=2 x tp=2 (experts split over etp=2, sequence
+    parallel), against the 1-process run: losses, grad norms, router-loss metrics, log-probs after the updates,
+    and update 2 resumed from the 1-process checkpoint (ep=1 -> ep=2); routing against a rollout's (a quarter of
+    its choices changed): the agreement per response token and, with routing replay (R3), the log-probs of a
+    transformers forward forced to that routing, in one process and in ep=2 x tp=2;
+  * packed (use_remove_padding, THD micro-batches) vs padded on the same weights, in every layout:
+    log-probs and entropy of every parity model, the actor's and critic's loss metrics, every gradient
+    after one forward-backward and the critic's values (max abs diff < 1e-5); the dp2 layout also runs
+    its PPO updates packed with dynamic batch sizes, against the padded 1-process run.
+Virtual pipeline stages (pp2_vpp2) train with megatron's interleaved schedule, save and resume.
 """
 from __future__ import annotations
 
@@ -38,6 +41,7 @@ pytestmark = [pytest.mark.dist, pytest.mark.timeout(420)]
 
 LAUNCH_TIMEOUT = 360
 PARITY_TOL = 1e-4
+PACKED_TOL = 1e-5  # packed vs padded, fp32 on CPU
 REL_TOL = 1e-5
 ABS_TOL = 1e-5  # other metrics: means of fp32 quantities, some of them differences of log-probs (ppo_kl ~1e-3)
 # Losses and grad norms must agree to REL_TOL; the remaining metrics to ABS_TOL.
@@ -54,11 +58,12 @@ MOE = ",".join(tiny.MOE)
 
 # name -> (processes, runner arguments)
 LAYOUTS = {
-    "tp2": (2, ["--tp", "2", "--micro", "3", "--dist-opt", "0,1", "--tasks", "parity,ppo"]),
-    "pp2_vpp2_forward": (2, ["--pp", "2", "--vpp", "2", "--tasks", "parity",
-                             "--parity-models", ",".join(tiny.CONFIGS)]),
-    "dp2_dynamic_bsz": (2, ["--dynamic", "--max-tokens", "16", "--dist-opt", "0,1", "--tasks", "ppo"]),
-    "tp2_pp2": (4, ["--tp", "2", "--pp", "2", "--micro", "2", "--dist-opt", "0,1", "--tasks", "parity,ppo"]),
+    "tp2": (2, ["--tp", "2", "--micro", "3", "--dist-opt", "0,1", "--tasks", "parity,packed,ppo"]),
+    "pp2_vpp2": (2, ["--pp", "2", "--vpp", "2", "--micro", "2", "--dist-opt", "0,1",
+                     "--tasks", "parity,packed,ppo,resume", "--parity-models", ",".join(tiny.CONFIGS)]),
+    "dp2_dynamic_bsz_packed": (2, ["--dynamic", "--max-tokens", "16", "--packed", "--packed-max-tokens", "24",
+                                   "--dist-opt", "0,1", "--tasks", "packed,ppo"]),
+    "tp2_pp2": (4, ["--tp", "2", "--pp", "2", "--micro", "2", "--dist-opt", "0,1", "--tasks", "parity,packed,ppo"]),
     "ep2": (2, ["--ep", "2", "--dist-opt", "0,1", "--tasks", "parity,moe_ppo", "--parity-models", MOE]),
     "ep2_tp2": (4, ["--ep", "2", "--tp", "2", "--sp", "--dist-opt", "1", "--tasks", "parity,moe_ppo,routing",
                     "--parity-models", MOE]),
@@ -82,8 +87,8 @@ def reference(models, tmp_path_factory) -> dict:
     out = str(tmp_path_factory.mktemp("layout_ref"))
     ckpt = os.path.join(out, "ckpt")
     launch.torchrun("run_layout.py", 1, ["--models", models, "--out", out, "--micro", "2", "--dist-opt", "0,1",
-                                         "--tasks", "parity,ppo,resume,moe_ppo,routing,moe_grad", "--save-ckpt", ckpt,
-                                         "--parity-models", ",".join(tiny.CONFIGS)], LAUNCH_TIMEOUT)
+                                         "--tasks", "parity,packed,ppo,resume,moe_ppo,routing,moe_grad",
+                                         "--save-ckpt", ckpt, "--parity-models", ",".join(tiny.CONFIGS)], LAUNCH_TIMEOUT)
     result = launch.rank_results(out)[0]
     result["ckpt"] = ckpt
     return result
@@ -99,7 +104,17 @@ def assert_parity(parity: dict, where: str) -> None:
                     "sum_pi_squared_off_mask"):
             if key in r:
                 assert r[key] < PARITY_TOL, f"{where} {model}: {key}={r[key]}"
+        for key in ("packed_logp_vs_padded", "packed_entropy_vs_padded"):
+            assert r[key] < PACKED_TOL, f"{where} {model}: {key}={r[key]}"
         assert r["export_mismatches"] == [], f"{where} {model}: export differs: {r['export_mismatches']}"
+
+
+def assert_packed_equals_padded(packed: dict, where: str) -> None:
+    for role, r in packed.items():
+        for key in ("grad_max_diff", "metric_max_diff", "values"):
+            if key in r:
+                assert r[key] < PACKED_TOL, f"{where} {role}: packed vs padded {key}={r[key]}"
+        assert r["grad_max"] > 1e-3, f"{where} {role}: no gradient reached this rank's parameters"
 
 
 def assert_same_metrics(got: dict, want: dict, keys: list[str], where: str) -> None:
@@ -115,6 +130,7 @@ def assert_same_metrics(got: dict, want: dict, keys: list[str], where: str) -> N
 def test_one_process_parity_with_transformers(reference):
     assert set(reference["parity"]) == set(tiny.CONFIGS)
     assert_parity(reference["parity"], "tp1")
+    assert_packed_equals_padded(reference["packed"], "tp1")
 
 
 def test_distributed_optimizer_matches_plain_optimizer(reference):
@@ -169,11 +185,19 @@ def test_layout_matches_one_process_run(name, models, reference, tmp_path):
                                              *args], LAUNCH_TIMEOUT)
     ranks = launch.rank_results(out)
     assert len(ranks) == nproc
+    # token-budget micro-batches: every dp rank runs as many as the rank that needs the most (dp2: 2, not 2 and 1)
+    assert len({r["packed"]["actor"]["micro_batches"] for r in ranks}) == 1, [r["packed"] for r in ranks]
     want = reference["ppo"]
     for r in ranks:
         where = f"{name} rank {r['rank']}"
         if "parity" in r:
             assert_parity(r["parity"], where)
+        assert_packed_equals_padded(r["packed"], where)
+        if "resume" in r:  # save and load in this layout
+            assert_same_metrics(r["resume"]["resumed"], r["resume"]["uninterrupted"], ACTOR_KEYS + ["actor/lr"],
+                                f"{where} resumed update 2")
+            assert_same_metrics(r["resume"]["critic_resumed"], r["resume"]["critic_uninterrupted"], CRITIC_KEYS,
+                                f"{where} resumed critic update 2")
         for key, got in r.get("ppo", {}).items():
             if key.startswith("actor_do") or key.startswith("critic_do"):
                 keys = ACTOR_KEYS if key.startswith("actor") else CRITIC_KEYS

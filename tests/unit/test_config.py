@@ -124,10 +124,18 @@ BAD = [
     (["trainer.n_gpus_per_node=2", "trainer.nnodes=2", "actor_rollout_ref.rollout.tensor_model_parallel_size=4"],
      "a colocated rollout replica must fit in one node; use at most 2"),
     (["trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
-      "actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size=2"],
-     "interleaved pipeline training is not supported yet"),
+      "actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size=2", "data.train_batch_size=2",
+      "actor_rollout_ref.actor.ppo_mini_batch_size=1", "critic.ppo_micro_batch_size_per_gpu=1",
+      "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"],
+     "the interleaved schedule runs a multiple of pipeline_model_parallel_size=2 micro-batches"),
     (["trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.megatron.context_parallel_size=2"],
-     "context parallelism is not supported yet"),
+     "actor_rollout_ref.actor.megatron.context_parallel_size=2 needs transformer-engine attention: set "
+     "actor_rollout_ref.actor.megatron.transformer_impl=transformer_engine on a GPU"),
+    (["actor_rollout_ref.actor.megatron.transformer_impl=transformer_engine"],
+     "actor_rollout_ref.actor.megatron.transformer_impl=transformer_engine needs a GPU"),
+    (["actor_rollout_ref.actor.megatron.transformer_impl=te"], "transformer_impl='te' is not one of"),
+    (["+actor_rollout_ref.actor.megatron.override_transformer_config.fp8=e4m3"],
+     "override_transformer_config.fp8=e4m3 needs transformer-engine layers"),
     (["trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
       "actor_rollout_ref.actor.megatron.expert_model_parallel_size=2"],
      "expert_model_parallel_size * expert_tensor_parallel_size = 2*2 does not divide the 2 ranks of a pipeline stage"),
@@ -139,6 +147,8 @@ BAD = [
     (["actor_rollout_ref.actor.router_replay.mode=R2"], "router_replay.mode=R2 (replaying the actor's own"),
     (["actor_rollout_ref.actor.router_replay.mode=R3", "actor_rollout_ref.rollout.enable_rollout_routing_replay=true",
       "actor_rollout_ref.model.enable_gradient_checkpointing=true"], "enable_gradient_checkpointing=true is not supported"),
+    (["actor_rollout_ref.rollout.enable_rollout_routing_replay=true", "actor_rollout_ref.model.use_remove_padding=true"],
+     "enable_rollout_routing_replay=true with actor_rollout_ref.model.use_remove_padding=true is not supported"),
 ]
 
 
@@ -217,8 +227,33 @@ def test_bad_yaml_file_is_named(tmp_path):
 
 
 def test_no_effect_keys_are_reported():
-    run = validate(load_config(QUICKSTART + ["actor_rollout_ref.model.use_remove_padding=True"]), cuda_available=CPU)
-    assert any("use_remove_padding" in n and "no effect" in n for n in run.derived.notes)
+    run = validate(load_config(QUICKSTART + ["actor_rollout_ref.model.use_fused_kernels=True"]), cuda_available=CPU)
+    assert any("use_fused_kernels" in n and "no effect" in n for n in run.derived.notes)
+    packed = validate(load_config(QUICKSTART + ["actor_rollout_ref.model.use_remove_padding=True"]), cuda_available=CPU)
+    assert not any("use_remove_padding" in n for n in packed.derived.notes)  # packs micro-batches now
+
+
+def test_virtual_pipeline_and_transformer_engine_options_validate_where_they_can_run():
+    two = ["trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2"]
+    run = validate(load_config(QUICKSTART + two + ["actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size=2"]),
+                   cuda_available=CPU)
+    assert (run.derived.actor.pp, run.derived.actor.vpp) == (2, 2)
+    key = "actor_rollout_ref.actor.megatron"
+    gpu = dict(cuda_available=lambda: True, te_available=lambda: True)
+    te = [f"{key}.transformer_impl=transformer_engine", f"+{key}.override_transformer_config.fp8=hybrid",
+          f"+{key}.override_transformer_config.fp8_recipe=tensorwise", f"{key}.context_parallel_size=2",
+          "trainer.n_gpus_per_node=2"]
+    run = validate(load_config(QUICKSTART + te), **gpu)
+    assert run.derived.actor.cp == 2 and run.cfg.critic.megatron.transformer_impl == "transformer_engine"
+    run = validate(load_config(QUICKSTART + te[1:]), **gpu)  # null picks TE where it imports
+    with pytest.raises(ConfigError) as e:
+        validate(load_config(QUICKSTART + te), cuda_available=lambda: True, te_available=lambda: False)
+    assert "transformer_engine does not import here" in str(e.value) and "context_parallel_size=2 needs" in str(e.value)
+    with pytest.raises(ConfigError, match=r"fp8_recipe='current' is not one of blockwise, delayed, mxfp8, tensorwise"):
+        validate(load_config(QUICKSTART + te[:1] + [f"+{key}.override_transformer_config.fp8=e4m3",
+                                                    f"+{key}.override_transformer_config.fp8_recipe=current"]), **gpu)
+    with pytest.raises(ConfigError, match="context_parallel_size=2 needs transformer-engine"):  # local spec chosen
+        validate(load_config(QUICKSTART + te[3:] + [f"{key}.transformer_impl=local"]), **gpu)
 
 
 def test_override_transformer_config_is_checked_before_any_worker_starts():

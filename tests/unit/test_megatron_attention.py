@@ -7,6 +7,7 @@ megatron's DotProductAttention.
 """
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -115,3 +116,69 @@ def test_attention_backend_selects_the_kernel(value, sdpa):
     assert attention.uses_sdpa(SimpleNamespace(attention_backend=value)) is sdpa
     if value is not None:
         assert attention.uses_sdpa(SimpleNamespace(attention_backend=attention.to_megatron(value))) is sdpa
+
+
+# ------------------------------------------------------------------------------------------ packed (THD)
+def _packed(lengths, starts=None, heads=4, groups=2, d=8, seed=3):
+    """q [T, heads, d], k/v [T, groups, d] and PackedSeqParams for sequences of `lengths` at `starts`."""
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    starts = starts or [sum(lengths[:i]) for i in range(len(lengths))]
+    T = starts[-1] + lengths[-1] + 2  # two trailing tokens that belong to no sequence
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(T, n, d, generator=g) for n in (heads, groups, groups))
+    cu = torch.tensor([0] + list(itertools.accumulate(lengths)), dtype=torch.int32)
+    padded = torch.tensor(starts + [T], dtype=torch.int32)
+    params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, cu_seqlens_q_padded=padded,
+                             cu_seqlens_kv_padded=padded, max_seqlen_q=max(lengths), max_seqlen_kv=max(lengths))
+    return q, k, v, params, starts
+
+
+@pytest.fixture
+def megatron_kernel(monkeypatch):
+    """DotProductAttention.forward replaced by the float64 reference (megatron's kernel needs CUDA-only pieces
+    outside a worker): records the query shape of every call."""
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+    calls = []
+
+    def reference(self, q, k, v, mask, attn_mask_type=None, **kw):
+        calls.append(tuple(q.shape))
+        return _reference(q, k, v).float()
+
+    monkeypatch.setattr(DotProductAttention, "forward", reference)
+    return calls
+
+
+@pytest.mark.parametrize("config", [{}, {"attention_backend": "unfused"}, {"window_size": (2, 0)}],
+                         ids=["sdpa", "unfused", "sliding_window"])
+def test_packed_sequences_run_one_by_one_and_attend_only_within_themselves(config, megatron_kernel):
+    if "attention_backend" in config:
+        config = {"attention_backend": attention.to_megatron(config["attention_backend"])}
+    lengths, starts = [5, 1, 3], [0, 6, 7]  # a gap of one padding token after the first sequence
+    q, k, v, params, _ = _packed(lengths, starts)
+    out = _make(**config)(q, k, v, None, packed_seq_params=params)
+    assert out.shape == (q.shape[0], 32)
+    for n, s in zip(lengths, starts):
+        one = [t[s:s + n].unsqueeze(1) for t in (q, k, v)]
+        torch.testing.assert_close(out[s:s + n].double(), _reference(*one)[:, 0], atol=2e-6, rtol=0)
+    assert not out[5].any() and not out[-2:].any()  # tokens outside every sequence
+    sdpa = not config  # SDPA runs the plain causal case itself; megatron's kernel gets the others, per sequence
+    assert megatron_kernel == ([] if sdpa else [(5, 1, 4, 8), (1, 1, 4, 8), (3, 1, 4, 8)])
+
+
+def test_megatrons_thd_rope_restarts_at_every_packed_sequence():
+    """megatron 0.16.1 applies RoPE per cu_seqlens segment from position 0 (as long as the rotary table is not
+    exactly as long as the packed sequence, which max_seqlen_q of two or more rows never is)."""
+    from megatron.core.models.common.embeddings.rope_utils import apply_rotary_pos_emb
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    cfg = TransformerConfig(num_layers=1, hidden_size=32, num_attention_heads=4, use_cpu_initialization=True)
+    angles = torch.arange(5.0)[:, None] / 10000 ** (torch.arange(0, 8, 2) / 8)[None]  # megatron's table layout
+    freqs = torch.cat([angles, angles], -1)[:, None, None, :]  # [max_s, 1, 1, d]
+    q, _, _, params, _ = _packed([5, 3])
+    q = q[:8]
+    packed = apply_rotary_pos_emb(q, freqs, cfg, cu_seqlens=params.cu_seqlens_q, cp_group=_OneRank())
+    for s, n in ((0, 5), (5, 3)):
+        alone = apply_rotary_pos_emb(q[s:s + n, None], freqs[:n], cfg, cp_group=_OneRank())[:, 0]
+        assert torch.equal(packed[s:s + n], alone)

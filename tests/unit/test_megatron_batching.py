@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hybridrl.adapters.megatron.batching import mini_batch_rows, split_rows, split_tokens
-from hybridrl.adapters.megatron.forward import pack
+from hybridrl.adapters.megatron.forward import gather_response, pack, pack_thd, split_for_cp
 
 
 def verl_rows():
@@ -41,6 +41,54 @@ def test_pack_rejects_attention_masks_with_holes():
         pack(ids, mask, responses, torch.arange(2))
 
 
+def test_pack_thd_concatenates_the_rows_and_marks_where_each_starts():
+    ids, mask, responses = verl_rows()
+    mb = pack_thd(ids, mask, responses, torch.arange(2))
+    assert mb.packed and mb.input_ids.tolist() == [[5, 6, 7, 8, 1, 2, 3, 4, 9, 9, 9]]
+    assert mb.cu_seqlens.tolist() == [0, 4, 11] and mb.cu_seqlens.dtype == torch.int32 and mb.max_seqlen == 7
+    assert mb.position_ids.tolist() == [[0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6]]  # positions restart in every row
+    padded = pack(ids, mask, responses, torch.arange(2))
+    assert torch.equal(mb.resp_valid, padded.resp_valid)
+    # the same response tokens are predicted by the same (row, position) in both layouts
+    flat = torch.arange(11)[None, :, None].float()
+    rows_pos = torch.stack([torch.zeros(7), torch.full((7,), 4.0)])[:, :, None] + torch.arange(7.0)[None, :, None]
+    assert torch.equal(gather_response(flat, mb)[mb.resp_valid], gather_response(rows_pos, padded)[padded.resp_valid])
+    assert torch.equal(mb.input_ids[0][mb.resp_index + 1][mb.resp_valid], responses[mb.resp_valid])
+
+
+def test_pack_thd_rounds_the_length_up_with_a_padding_segment_of_its_own():
+    ids, mask, responses = verl_rows()
+    mb = pack_thd(ids, mask, responses, torch.arange(2), multiple=4)
+    assert mb.input_ids.shape == (1, 12) and mb.input_ids[0, 11] == 0
+    assert mb.cu_seqlens.tolist() == [0, 4, 11, 12]  # the padding token attends only to itself
+    params = mb.packed_seq_params()
+    assert params.qkv_format == "thd" and params.max_seqlen_q == 7 and torch.equal(params.cu_seqlens_kv, mb.cu_seqlens)
+
+
+@pytest.mark.parametrize("thd", [False, True], ids=["padded", "packed"])
+def test_context_parallel_ranks_hold_two_chunks_of_every_sequence_and_each_response_token_once(thd):
+    ids, mask, responses = verl_rows()
+    size = 2
+    full = (pack_thd(ids, mask, responses, torch.arange(2), multiple=4, align=4) if thd
+            else pack(ids, mask, responses, torch.arange(2), multiple=4))
+    if thd:  # every row padded to a multiple of 2*cp: slots of 4 and 8 tokens
+        assert full.cu_seqlens.tolist() == [0, 4, 11] and full.cu_seqlens_padded.tolist() == [0, 4, 12]
+        assert full.input_ids[0].tolist() == [5, 6, 7, 8, 1, 2, 3, 4, 9, 9, 9, 0]
+    parts = [split_for_cp(full, r, size) for r in range(size)]
+    if thd:  # rank 0: chunks 0 and 3 of each slot; rank 1: chunks 1 and 2
+        assert parts[0].input_ids[0].tolist() == [5, 8, 1, 2, 9, 0]
+        assert parts[1].input_ids[0].tolist() == [6, 7, 3, 4, 9, 9]
+    else:
+        assert parts[0].input_ids.tolist() == [[5, 6, 0, 0], [1, 2, 9, 0]]  # chunks 0 and 3 of each row
+        assert parts[1].input_ids.tolist() == [[7, 8, 0, 0], [3, 4, 9, 9]]  # chunks 1 and 2
+    owners = torch.stack([p.resp_valid for p in parts]).sum(0)
+    assert torch.equal(owners, full.resp_valid.int())  # each response token on exactly one rank ...
+    want = gather_response(full.input_ids.float()[..., None], full)
+    for p in parts:  # ... where its predicting position holds the same token as in the whole micro-batch
+        got = gather_response(p.input_ids.float()[..., None], p)
+        assert p.cp_size == size and torch.equal(got[p.resp_valid], want[p.resp_valid])
+
+
 def test_split_rows_balances_and_honours_the_virtual_pipeline_multiple():
     parts = split_rows(7, 3)
     assert [len(p) for p in parts] == [3, 2, 2] and torch.equal(torch.cat(parts), torch.arange(7))
@@ -55,6 +103,17 @@ def test_split_tokens_respects_the_budget_and_keeps_every_row():
     assert sorted(torch.cat(parts).tolist()) == list(range(7))
     assert all(int(lengths[p].sum()) <= 12 for p in parts)
     assert len(split_tokens(torch.tensor([20, 3]), max_tokens=10)) == 2  # an overlong row gets its own bin
+
+
+def test_split_tokens_takes_the_count_the_dp_ranks_agreed_on_and_the_pipeline_multiple():
+    lengths = torch.tensor([9, 2, 7, 3, 8, 1, 6])
+    assert len(split_tokens(lengths, max_tokens=100)) == 1
+    assert len(split_tokens(lengths, max_tokens=100, min_count=3)) == 3  # another dp rank needs 3
+    parts = split_tokens(lengths, max_tokens=12, multiple=2)
+    assert len(parts) % 2 == 0 and sorted(torch.cat(parts).tolist()) == list(range(7))
+    assert len(split_tokens(lengths, max_tokens=1, multiple=2)) == 6  # at most a multiple of 2 bins of 7 rows
+    with pytest.raises(ValueError, match="multiple of pipeline_model_parallel_size=4"):
+        split_tokens(torch.tensor([5, 5, 5]), max_tokens=100, multiple=4)
 
 
 def test_mini_batches_are_in_order_or_a_seeded_permutation():

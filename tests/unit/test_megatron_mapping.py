@@ -1,4 +1,4 @@
-"""The HF <-> Megatron weight mapping as pure tensor functions (no processes, no megatron import):
+"""The HF <-> Megatron weight mapping as pure tensor functions (no processes; megatron only for its spec renames):
 fused QKV per query group, fused gate/up, vocab padding, row/column splits, pipeline ownership, and
 the HF-config checks that name the field or knob to change."""
 from __future__ import annotations
@@ -46,6 +46,63 @@ def test_shard_then_merge_gives_back_every_hf_tensor(tp, arch):
         assert all(tuple(s.shape) == shard_shape(entry, arch, tp) for s in shards), entry.mcore
         for name, tensor in shards_to_hf(entry, shards, arch):
             assert torch.equal(tensor, hf[name]), (entry.mcore, name)
+
+
+@pytest.mark.parametrize("arch", [ARCH, dataclasses.replace(ARCH, qkv_bias=False, qk_norm=True)])
+def test_transformer_engine_names_are_megatrons_own_renaming_of_the_local_spec(arch):
+    """TE fuses the input / pre-MLP norms into linear_qkv / linear_fc1 (layer_norm_weight); megatron's local spec
+    states the same correspondence for its checkpoints (sharded_state_dict_keys_map). q/k norms keep their names."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    renames = get_gpt_layer_local_spec(qk_layernorm=arch.qk_norm, normalization="RMSNorm").submodules.sharded_state_dict_keys_map
+
+    def te_name(local: str) -> str:
+        for old, new in renames.items():
+            local = local.replace(f".{old}", f".{new}")
+        return local
+
+    for topo in (Topology(tp=1, pp=1), Topology(tp=2, pp=2, vpp=2)):
+        local = plan(arch, topo)
+        te = plan(arch, dataclasses.replace(topo, te_names=True))
+        assert [te_name(e.mcore) for e in local] == [e.mcore for e in te]
+        assert [dataclasses.replace(e, mcore="") for e in local] == [dataclasses.replace(e, mcore="") for e in te]
+        names = {e.mcore for e in te}
+        assert "decoder.layers.0.self_attention.linear_qkv.layer_norm_weight" in names
+        assert "decoder.layers.0.mlp.linear_fc1.layer_norm_weight" in names
+        assert not any("input_layernorm" in n or "pre_mlp_layernorm" in n for n in names)
+        assert arch.qk_norm == ("decoder.layers.0.self_attention.q_layernorm.weight" in names)
+
+
+def test_te_named_shards_round_trip_bitwise_and_are_detected_from_the_model():
+    from hybridrl.adapters.megatron.weights import topology
+    from hybridrl.config.validate import ParallelLayout
+
+    arch = dataclasses.replace(ARCH, qk_norm=True)
+    topo = Topology(tp=2, pp=1, te_names=True)
+    hf = random_hf(arch, topo)
+    state = {}
+    for entry in plan(arch, topo):
+        shards = [hf_to_shard(entry, reader(hf), arch, r, 2) for r in range(2)]
+        state[entry.mcore] = shards[0]
+        assert all(torch.equal(t, hf[n]) for n, t in shards_to_hf(entry, shards, arch)), entry.mcore
+    layout = ParallelLayout(world_size=2, tp=2, pp=1, cp=1, vpp=None, dp=1, sequence_parallel=False, dtype="float32")
+    assert topology([_module_with(state)], layout, value_head=False).te_names
+    local = {e.mcore: torch.zeros(1) for e in plan(arch, Topology(tp=2, pp=1))}
+    assert not topology([_module_with(local)], layout, value_head=False).te_names
+
+
+def _module_with(params: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """A module tree whose named_parameters() are exactly `params` (dotted names), like a GPTModel chunk."""
+    root = torch.nn.Module()
+    for name, tensor in params.items():
+        *path, leaf = name.split(".")
+        node = root
+        for part in path:
+            if not hasattr(node, part):
+                node.add_module(part, torch.nn.Module())
+            node = getattr(node, part)
+        node.register_parameter(leaf, torch.nn.Parameter(tensor.clone()))
+    return root
 
 
 def test_qkv_is_interleaved_per_query_group():

@@ -72,10 +72,12 @@ def test_layers_not_divisible_by_pp(capsys):
     assert problems[0]["knob"] == PP and "num_hidden_layers=28" in problems[0]["message"]
 
 
-def test_interleaved_pipeline_training_is_refused_by_validation(capsys):
+def test_virtual_stages_must_divide_the_layers(capsys):
     vpp = f"{ARA}.actor.megatron.virtual_pipeline_model_parallel_size"
     problems = refused(capsys, "preset=7b_8gpu_tp2pp2", f"{vpp}=4", "--model-config", "Qwen2.5-7B")
-    assert f"{vpp}=4: interleaved pipeline training is not supported yet" in problems[0]["message"]
+    assert problems[0]["knob"] == vpp and "num_hidden_layers=28" in problems[0]["message"]
+    code, out = plan_json(capsys, "preset=7b_8gpu_tp2pp2", f"{vpp}=2", "--model-config", "Qwen2.5-7B")
+    assert code == 0 and out["ok"] is True  # 28 layers = 2 stages * 2 virtual stages * 7
 
 
 def test_world_not_divisible_by_model_parallel_size(capsys):

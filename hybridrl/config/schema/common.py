@@ -78,6 +78,9 @@ class MegatronConfig:
     override_ddp_config: dict[str, Any] = field(default_factory=dict)
     override_transformer_config: dict[str, Any] = field(default_factory=dict)
     dtype: str = doc("bfloat16 | float16 | float32 on GPU; CPU always trains in float32.", "bfloat16")
+    transformer_impl: Optional[str] = doc(
+        "Layer spec: transformer_engine (fused norm+linear, TE attention; FP8 and context parallelism need it) | "
+        "local (torch); null: transformer_engine where it imports on a GPU, else local.", None)
 
 
 @dataclass(frozen=True)
@@ -114,5 +117,6 @@ def follow_actor_layout(**overrides: Any) -> MegatronConfig:
     """
     links = {k: Link(f"actor_rollout_ref.actor.megatron.{k}") for k in LAYOUT_KEYS}
     links["seed"] = Link("actor_rollout_ref.actor.megatron.seed")
+    links["transformer_impl"] = Link("actor_rollout_ref.actor.megatron.transformer_impl")
     links.update(overrides)
     return MegatronConfig(**links)

@@ -1,7 +1,8 @@
 """One torchrun launch = one megatron layout; runs every check of that layout and writes JSON per rank.
 
     python -m torch.distributed.run --nproc_per_node=N --standalone run_layout.py \
-        --models DIR --out DIR --tp T --pp P [--vpp V] [--ep E --sp] --tasks parity,export,ppo,moe_ppo \
+        --models DIR --out DIR --tp T --pp P [--vpp V] [--ep E --sp] --tasks parity,packed,ppo,resume,moe_ppo \
+        [--packed] [--save-ckpt DIR] [--resume-ckpt DIR]
         [--save-ckpt DIR] [--resume-ckpt DIR]
 
 Batching many checks into one launch keeps the CPU suite fast (start-up is ~5-11 s per launch).
@@ -71,8 +72,11 @@ def check_parity(args, layout, name: str) -> dict:
     from hybridrl.adapters.megatron import forward
 
     forward.CHUNK_TOKENS = 5  # several chunks per micro-batch (and a ragged last one): the chunking is exercised
-    meta = {"temperature": temperature, "calculate_sum_pi_squared": True}
-    out = actor.compute_log_prob(DataProto.from_dict(batch, meta_info=meta), calculate_entropy=True)
+    data = DataProto.from_dict(batch, meta_info={"temperature": temperature, "calculate_sum_pi_squared": True})
+    out = actor.compute_log_prob(data, calculate_entropy=True)
+    actor.remove_padding = True  # the same weights, micro-batches packed into THD sequences
+    packed = actor.compute_log_prob(data, calculate_entropy=True)
+    actor.remove_padding = False
     mask = batch["response_mask"].bool()
     # sum of squared probabilities in float64 from the transformers logits (raw: the sampling temperature applies)
     probs = torch.softmax(ref["logits"].double() / temperature, dim=-1)
@@ -81,6 +85,8 @@ def check_parity(args, layout, name: str) -> dict:
         "entropy_max_diff": float((out.batch["entropys"] - ref["entropy"])[mask].abs().max()),
         "sum_pi_squared_max_diff": float((out.batch["sum_pi_squared"].double() - probs.square().sum(-1))[mask].abs().max()),
         "sum_pi_squared_off_mask": float(out.batch["sum_pi_squared"][~mask].abs().max()),
+        "packed_logp_vs_padded": float((packed.batch["log_probs"] - out.batch["log_probs"]).abs().max()),
+        "packed_entropy_vs_padded": float((packed.batch["entropys"] - out.batch["entropys"]).abs().max()),
     }
     # Raw logits at the response positions, gathered over tp here (the test only; the adapter never does).
     mbs = actor._micro_batches(DataProto.from_dict(batch), [], 3, None)  # sequences padded for sequence parallelism
@@ -157,6 +163,54 @@ def _tensors_in(values, depth: int = 3) -> set[int]:
     return out
 
 
+# ------------------------------------------------------------------------------------------ packed
+def check_packed(args, layout) -> dict:
+    """Packed (THD) vs padded micro-batches of one mini-batch on the same weights: every loss metric and
+    every gradient after one forward-backward (actor: qwen2, PPO + KL + entropy loss; critic: llama, value
+    loss), and the critic's values. Max abs differences."""
+    from hybridrl.adapters.megatron.actor import MegatronActor
+    from hybridrl.adapters.megatron.critic import MegatronCritic
+
+    data = ppo_data(layout)
+    plan = batch_plan(layout, args.micro, args.dynamic, args.packed_max_tokens or args.max_tokens)
+    n = plan.mini_batch_per_dp
+    mini = data[torch.arange(n, 2 * n)]  # the second mini-batch: with 24-token micro-batches on dp2 its ranks need 2 and 1
+    actor = MegatronActor(ModelConfig(path=os.path.join(args.models, "qwen2")),
+                          actor_cfgs(args, args.micro, args.dynamic, False), layout, plan)
+    out = {"actor": packed_vs_padded(actor, mini, actor._input_keys(mini), actor._loss_fn(mini, 0.9), plan)}
+    critic = MegatronCritic(critic_cfg(args, args.micro, args.dynamic, False), layout, plan)
+    out["critic"] = packed_vs_padded(critic, mini, ["response_mask", "values", "returns"], critic._loss_fn(mini), plan)
+    values = []
+    for packed in (False, True):
+        critic.remove_padding = packed
+        values.append(critic.compute_values(data).batch["values"])
+    out["critic"]["values"] = float((values[1] - values[0]).abs().max())
+    return out
+
+
+def packed_vs_padded(role, mini, keys: list[str], loss_fn, plan) -> dict:
+    from hybridrl.adapters.megatron.builder import unwrap
+
+    runs = []
+    for packed in (False, True):
+        role.remove_padding = packed
+        mbs = role._micro_batches(mini, keys, plan.micro_batch_per_gpu,
+                                  plan.max_token_len_per_gpu if plan.use_dynamic_bsz else None)
+        assert all(mb.packed == packed for mb in mbs)
+        for c in role.engine.chunks:
+            c.zero_grad_buffer()
+        metrics = role.engine.run(mbs, loss_fn, forward_only=False)  # dp-reduced grads in main_grad
+        grads = {f"{i}.{n}": p.main_grad.detach().clone() for i, c in enumerate(role.engine.chunks)
+                 for n, p in unwrap(c).named_parameters()}
+        sums = {k: sum(float(m[k]) for m in metrics) for k in (metrics[0] if metrics else {})}
+        runs.append((grads, sums))
+    (g0, m0), (g1, m1) = runs
+    role.remove_padding = False
+    return {"micro_batches": len(mbs), "grad_max_diff": max(float((g1[n] - g0[n]).abs().max()) for n in g0),
+            "grad_max": max(float(g.abs().max()) for g in g0.values()),
+            "metric_max_diff": max([abs(m1[k] - m0[k]) for k in m0], default=0.0), "metrics": m0}
+
+
 # ------------------------------------------------------------------------------------------ ppo
 def actor_cfgs(args, micro: int, dynamic: bool, distributed_optimizer: bool, overrides: dict | None = None):
     optim = OptimConfig(lr=1e-3, weight_decay=0.01, clip_grad=1.0, lr_warmup_steps=1, total_training_steps=10,
@@ -193,7 +247,7 @@ def run_ppo(args, layout) -> dict:
     micro, dynamic = args.micro, args.dynamic
     results = {}
     data = ppo_data(layout)
-    model = ModelConfig(path=os.path.join(args.models, "qwen2"))
+    model = ModelConfig(path=os.path.join(args.models, "qwen2"), use_remove_padding=args.packed)
     plan = batch_plan(layout, micro, dynamic, args.max_tokens)
     for do in args.dist_opt:
         t0 = time.time()
@@ -287,7 +341,7 @@ def check_moe_grads(args, layout) -> dict:
         weights = grads["weights"]
 
         def loss_fn(logits, mb):
-            logp, _ = response_log_probs(logits, mb, tiny.VOCAB, ref["temperature"], with_entropy=False)
+            logp = response_log_probs(logits, mb, tiny.VOCAB, ref["temperature"], with_entropy=False).log_probs
             return (logp * weights[mb.rows]).sum(), {}
 
         engine = actor.engine
@@ -308,7 +362,8 @@ def critic_cfg(args, micro: int, dynamic: bool, distributed_optimizer: bool) -> 
     optim = OptimConfig(lr=2e-3, weight_decay=0.0, clip_grad=0.5, lr_warmup_steps=0, total_training_steps=10)
     return CriticConfig(rollout_n=1, optim=optim, megatron=megatron_cfg(args, distributed_optimizer),
                         model=CriticModelConfig(path=os.path.join(args.models, "llama"), tokenizer_path="",
-                                                external_lib=None, trust_remote_code=False),
+                                                external_lib=None, trust_remote_code=False,
+                                                use_remove_padding=args.packed),
                         ppo_mini_batch_size=MINI, ppo_micro_batch_size_per_gpu=micro, use_dynamic_bsz=dynamic,
                         forward_max_token_len_per_gpu=40, ppo_epochs=1, shuffle=False,
                         loss_agg_mode="seq-mean-token-mean", data_loader_seed=None)
@@ -356,6 +411,8 @@ def main() -> None:
     p.add_argument("--sp", action="store_true", help="sequence parallelism (MoE models with tp > 1 need it)")
     p.add_argument("--micro", type=int, default=1)
     p.add_argument("--dynamic", action="store_true")
+    p.add_argument("--packed", action="store_true", help="PPO with use_remove_padding (THD micro-batches)")
+    p.add_argument("--packed-max-tokens", type=int, default=None, help="token budget of the packed-vs-padded check")
     p.add_argument("--max-tokens", type=int, default=40)
     p.add_argument("--dist-opt", default="0", help="comma list of 0/1: distributed optimizer off/on")
     p.add_argument("--save-ckpt", default=None)
@@ -373,6 +430,10 @@ def main() -> None:
     if "parity" in tasks:
         out["parity"] = {m: check_parity(args, layout, m) for m in args.parity_models.split(",")}
         out["timings"]["parity"] = time.time() - t0
+    if "packed" in tasks:
+        t1 = time.time()
+        out["packed"] = check_packed(args, layout)
+        out["timings"]["packed"] = time.time() - t1
     if "ppo" in tasks:
         t1 = time.time()
         out["ppo"] = run_ppo(args, layout)
