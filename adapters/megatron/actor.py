@@ -88,9 +88,13 @@ class MegatronActor(MegatronRole, ActorModel):
         if self.is_reference:
             raise RuntimeError("update_policy called on the reference model (built without an optimizer)")
         temperature = float(data.meta_info.get("temperature", 1.0))
-        keys = self.objective.input_keys() + (["rollout_is_weights"] if "rollout_is_weights" in data.batch else [])
+        keys = self._input_keys(data)
         names = self.objective.total_names() + self.objective.mean_names()
         return self._update(data, keys, lambda mini: self._loss_fn(mini, temperature), names)
+
+    def _input_keys(self, data: DataProto) -> list[str]:
+        """Per-row tensors a micro-batch carries into the loss."""
+        return self.objective.input_keys() + (["rollout_is_weights"] if "rollout_is_weights" in data.batch else [])
 
     def _loss_fn(self, mini: DataProto, temperature: float):
         objective, cfg = self.objective, self.cfg
