@@ -8,12 +8,18 @@ SITE=${1:-/tmp/site}
 W=/tmp/te_pkg
 if [ "${2:-}" != "--wait" ]; then
   rm -rf "$W" /tmp/te_build.rc && mkdir -p "$W" && cat /tmp/b/te/t_* | tar -C "$W" -xf - || exit 1
-  python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$W"/*.whl || exit 1
-  if ls "$W"/transformer_engine_torch-*.whl >/dev/null 2>&1; then echo 0 > /tmp/te_build.rc; echo "[te] prebuilt extension installed"; exit 0; fi
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" $(ls "$W"/*.whl | grep -v transformer_engine_torch) || exit 1
+  # the extension goes into transformer_engine/wheel_lib/, a folder pip --target would skip as already there
+  if ls "$W"/transformer_engine_torch-*.whl >/dev/null 2>&1; then
+    python3 -m zipfile -e "$W"/transformer_engine_torch-*.whl "$SITE" && echo 0 > /tmp/te_build.rc
+    echo "[te] prebuilt extension installed"; exit 0
+  fi
   mkdir -p "$W/src" && tar -C "$W/src" -xzf "$W"/transformer_engine_torch-*.tar.gz
+  # its own session: the device call's process group is killed when the call returns, the build must outlive it
   (cd "$W"/src/transformer_engine_torch-* && PYTHONPATH="$SITE:${PYTHONPATH:-}" NVTE_FRAMEWORK=pytorch NVTE_CUDA_ARCHS=90 \
-     NVTE_WITH_NCCL_EP=0 MAX_JOBS=16 NVTE_BUILD_MAX_JOBS=16 nohup python3 -m pip wheel -v --no-deps --no-build-isolation \
-     --no-index -w "$W/built" . > /tmp/te_build.log 2>&1; echo $? > /tmp/te_build.rc) &
+    NVTE_WITH_NCCL_EP=0 MAX_JOBS=16 NVTE_BUILD_MAX_JOBS=16 setsid nohup bash -c "python3 -m pip wheel -v --no-deps \
+    --no-build-isolation --no-index -w '$W/built' . > /tmp/te_build.log 2>&1; echo \$? > /tmp/te_build.rc") \
+    < /dev/null > /dev/null 2>&1 &
   echo "[te] building transformer_engine_torch in the background: /tmp/te_build.log"
   exit 0
 fi
@@ -25,7 +31,7 @@ mkdir -p "${OUT:-/tmp/out}/te_built"
 cp /tmp/te_build.log "${OUT:-/tmp/out}/te_built/te_build.log" 2>/dev/null
 if [ "$RC" != 0 ]; then echo "[te] build failed ($RC)"; tail -n 60 /tmp/te_build.log; exit 1; fi
 if ls "$W"/built/transformer_engine_torch-*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$W"/built/transformer_engine_torch-*.whl || exit 1
+  python3 -m zipfile -e "$W"/built/transformer_engine_torch-*.whl "$SITE" || exit 1
   # files come back at most 16 MiB each: the wheel in 15 MiB parts (bundle.sh joins them)
   WHL=$(ls "$W"/built/transformer_engine_torch-*.whl | head -1)
   split -b 15m -d -a 1 "$WHL" "${OUT:-/tmp/out}/te_built/$(basename "$WHL").part"
