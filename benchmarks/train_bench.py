@@ -76,6 +76,8 @@ def parse() -> argparse.Namespace:
                    help="JSON merged into actor.optim.override_optimizer_config (e.g. megatron's optimizer CPU offload)")
     p.add_argument("--cpu-dry-run", action="store_true",
                    help="run every option's code path once on a tiny model on the CPU (gloo, fp32); no timings")
+    p.add_argument("--profile", type=int, default=0, metavar="ROWS",
+                   help="after the timed updates, profile one more and print its ROWS costliest kernels")
     p.add_argument("--peer", default=None,
                    help="an earlier result JSON of this script (e.g. --attention-backend local, same lease): ratios against it")
     args = p.parse_args()
@@ -198,6 +200,22 @@ def timed(fn):
     return out, time.perf_counter() - start
 
 
+def profile_update(actor, data, rows: int) -> None:
+    """One more update under torch.profiler: the `rows` kernels / ops that took the most device time, and the
+    share of the update the GPU was busy (what MFU cannot say: idle gaps are launch and host overhead)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities) as prof:
+        _, s = timed(lambda: actor.update_policy(data))
+    events = prof.key_averages()
+    device_us = sum(e.self_device_time_total for e in events if e.device_type.name == "CUDA")
+    print(f"[profile] update {s:.3f} s under the profiler; GPU busy {device_us / 1e6:.3f} s "
+          f"({device_us / 1e6 / s:.0%})", flush=True)
+    sort = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+    print(events.table(sort_by=sort, row_limit=rows, max_name_column_width=70), flush=True)
+
+
 def main() -> None:
     args = parse()
     from hybridrl.protocol import DataProto
@@ -223,6 +241,8 @@ def main() -> None:
         metrics, s = timed(lambda: actor.update_policy(data))
         seconds.append(s)
     peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0
+    if args.profile:
+        profile_update(actor, data, args.profile)
     off = on = None
     if not args.skip_offload:
         off = actor.offload(params=True, grads=True, optimizer=True)

@@ -112,7 +112,8 @@ def transformer_config(arch: ModelArch, layout: ParallelLayout, *, recompute: bo
         masked_softmax_fusion=False,
         bias_activation_fusion=False,
         bias_dropout_fusion=False,
-        apply_rope_fusion=False,
+        # TE's fused RoPE; megatron's unfused THD RoPE loops over the packed sequences in Python after a host sync
+        apply_rope_fusion=te,
         persist_layer_norm=False,
         attention_softmax_in_fp32=True,
         recompute_granularity="full" if recompute else None,
