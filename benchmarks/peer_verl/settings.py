@@ -122,8 +122,9 @@ def side(trainer: str, job: str, model: str, out: str) -> list[str]:
             "trainer.project_name=peer_verl",
             f"trainer.experiment_name={name}",
             f"trainer.default_local_dir={out}/ckpt",
-            # TransferQueue reserves ~12 Ray CPUs; with fewer, tq.init waits for ever.
-            "ray_kwargs.ray_init.num_cpus=16",
+            # Logical Ray CPUs: TransferQueue reserves ~12 (with fewer, tq.init waits for ever), plus 8 reward
+            # workers, the agent loop and the task runner; 32 leaves no actor waiting for a CPU on 16 cores.
+            "ray_kwargs.ray_init.num_cpus=32",
         ]
     raise ValueError(f"trainer={trainer!r}: expected ours or verl")
 
