@@ -61,7 +61,7 @@ print('ours:', torch.__version__, 'transformers', transformers.__version__, 'vll
     PYTHONPATH=$VERL_PATH python3 -c "import os, torch, transformers, tokenizers, vllm, ray, verl, tensordict, datasets, pyarrow
 from verl.trainer import main_ppo
 from verl.workers.rollout.vllm_rollout import vllm_async_server
-from verl.workers import fsdp_workers
+from verl.workers import engine_workers
 print('verl:', verl.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__, 'tokenizers', tokenizers.__version__, 'vllm', vllm.__version__, 'tensordict', tensordict.__version__, 'datasets', datasets.__version__, 'pyarrow', pyarrow.__version__, 'shims', os.environ.get('PEER_VERL_SHIMS_LOADED'))" 2>&1 | grep -v -i warn | tail -n 5
     S=$(smol_dir); echo "smol HF folder: $S"
     [ -f "$M15/config.json" ] || step model_1p5b 300 env PYTHONPATH=$OURS_PATH python3 benchmarks/multi_gpu_bench.py model --dir "$M15" --shape 1.5b
