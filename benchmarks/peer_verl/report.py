@@ -1,0 +1,204 @@
+"""Side-by-side table of verl 0.9.1 and hybridrl on the same GRPO jobs (run.sh's four runs).
+
+    python benchmarks/peer_verl/report.py --runs OUT --out benchmarks/results/peer_verl.json   (+ the .md beside it)
+
+Each run folder (run.sh train) holds the trainer's per-step metrics (verl's file logger: {"step", "data"} per line;
+hybridrl's jsonl logger: flat records), command.txt, launched_at / first_metrics_at / ended_at (epoch seconds) and
+gpu_mem_mib.txt (nvidia-smi samples every 0.5 s, the whole GPU: vLLM's pool and the trainer's memory together).
+
+Per-phase seconds are medians over steps 2..N (step 1 carries warm-up on both sides). Phase keys (verl -> ours):
+gen, old_log_prob, ref, update_actor, reward, adv and step have the same timing_s/ names on both sides. Weight
+sync: verl times it as its own phase timing_s/update_weights (trainer -> vLLM weights and the engine's wake-up);
+hybridrl's is timing_s/reshard, which is inside its timing_s/gen (ours_gen = reshard + generate + ...), so the
+gen row compares unlike things and the step row is the comparison that counts. tokens/s/GPU is perf/throughput
+(both: total tokens of the step / step time / GPUs). Start-up: launch to the first metrics line, less the first
+step's time when that line is a training step (no validation before training), so it covers process start to
+ready-to-train on both sides (hybridrl's own breakdown: timing_s/startup).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+from typing import Optional
+
+JOBS = {"smol": "SmolLM2-135M-Instruct + gsm_symbolic", "1p5b": "random Qwen2-shaped 1.5B, full-length responses"}
+PHASES = ["gen", "update_weights", "reshard", "old_log_prob", "ref", "reward", "adv", "update_actor", "step"]
+RATIO_NAME = {"smol": "step_time_vs_verl", "1p5b": "step_time_vs_verl_1.5b"}
+
+
+def read_rows(path: str) -> list[dict]:
+    """Flat metric records with "step", from either trainer's jsonl (verl nests them under "data")."""
+    rows = []
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            rec = json.loads(line)
+            if isinstance(rec.get("data"), dict):
+                rec = {"step": rec.get("step"), **rec["data"]}
+            rows.append(rec)
+    return rows
+
+
+def val_score(rec: dict) -> Optional[float]:
+    """The mean validation reward: val-core/<source>/reward/mean@1 (both trainers log it); val/score else."""
+    keys = sorted(k for k in rec if k.startswith("val-core/") and "/reward/mean@" in k)
+    if keys:
+        return float(rec[keys[0]])
+    return float(rec["val/score"]) if "val/score" in rec else None
+
+
+def val_acc(rec: dict) -> Optional[float]:
+    keys = sorted(k for k in rec if k.startswith("val-aux/") and "/acc/mean@" in k)
+    return float(rec[keys[0]]) if keys else None
+
+
+def _read_float(path: str) -> Optional[float]:
+    try:
+        with open(path) as f:
+            return float(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _median(xs: list[float]) -> Optional[float]:
+    return statistics.median(xs) if xs else None
+
+
+def summarize(run_dir: str, trainer: str) -> dict:
+    metrics_path = os.path.join(run_dir, "logs", "metrics.jsonl") if trainer == "ours" else \
+        os.path.join(run_dir, "metrics.jsonl")
+    rows = read_rows(metrics_path)
+    train = sorted((r for r in rows if "timing_s/step" in r), key=lambda r: r["step"])
+    vals = [(r, val_score(r)) for r in rows if val_score(r) is not None]
+    tail = [r for r in train if r["step"] >= 2] or train
+    out: dict = {"steps": len(train)}
+    for p in PHASES:
+        out[f"{p}_s"] = _median([float(r[f"timing_s/{p}"]) for r in tail if f"timing_s/{p}" in r])
+    out["tokens_per_s_per_gpu"] = _median([float(r["perf/throughput"]) for r in tail if "perf/throughput" in r])
+    if vals:
+        out["val_score_before"] = vals[0][1]
+        out["val_score_after"] = vals[-1][1] if len(vals) > 1 else None
+        out["val_acc_before"], out["val_acc_after"] = val_acc(vals[0][0]), val_acc(vals[-1][0]) if len(vals) > 1 else None
+        if out["val_score_after"] is not None:
+            out["val_score_gain"] = out["val_score_after"] - out["val_score_before"]
+    if train:
+        out["train_score_first"] = train[0].get("critic/score/mean")
+        out["train_score_last"] = train[-1].get("critic/score/mean")
+    launched = _read_float(os.path.join(run_dir, "launched_at"))
+    first = _read_float(os.path.join(run_dir, "first_metrics_at"))
+    ended = _read_float(os.path.join(run_dir, "ended_at"))
+    if launched is not None and first is not None:
+        first_row = rows[0] if rows else {}
+        out["startup_s"] = first - launched - float(first_row.get("timing_s/step", 0.0) if first_row in train else 0.0)
+    if launched is not None and ended is not None:
+        out["wall_s"] = ended - launched
+    startup_own = [r["timing_s/startup"] for r in rows if "timing_s/startup" in r]
+    if startup_own:
+        out["startup_own_s"] = float(startup_own[0])
+    try:
+        with open(os.path.join(run_dir, "gpu_mem_mib.txt")) as f:
+            mem = [float(x) for x in f.read().split() if x.replace(".", "", 1).isdigit()]
+        out["peak_gpu_mem_gib"] = max(mem) / 1024 if mem else None
+    except OSError:
+        out["peak_gpu_mem_gib"] = None
+    allocated = [float(r["perf/max_memory_allocated_gb"]) for r in train if "perf/max_memory_allocated_gb" in r]
+    if allocated:
+        out["trainer_max_allocated_gb"] = max(allocated)
+    try:
+        with open(os.path.join(run_dir, "command.txt")) as f:
+            out["command"] = f.read().strip()
+    except OSError:
+        pass
+    return out
+
+
+def compare(runs: str) -> dict:
+    """{job: {"verl": summary, "ours": summary}} for the jobs whose both runs exist, plus the headline ratios."""
+    table: dict = {}
+    for job in JOBS:
+        pair = {}
+        for trainer in ("verl", "ours"):
+            d = os.path.join(runs, f"{trainer}_{job}")
+            try:
+                pair[trainer] = summarize(d, trainer)
+            except FileNotFoundError as e:
+                pair[trainer] = {"missing": str(e)}
+        table[job] = pair
+    headline = {}
+    for job, pair in table.items():
+        v, o = pair["verl"].get("step_s"), pair["ours"].get("step_s")
+        headline[RATIO_NAME[job]] = o / v if v and o else None
+    return {"headline": headline, "jobs": table}
+
+
+def _fmt(x, digits=3) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:,.{digits}f}"
+    return str(x)
+
+
+def markdown(result: dict, device: str) -> str:
+    lines = ["# verl 0.9.1 vs hybridrl: the same GRPO job on the same GPU", "",
+             f"Device: {device}. Medians over steps 2..N; ratio = hybridrl / verl (below 1: hybridrl is faster).", ""]
+    for name, value in result["headline"].items():
+        lines.append(f"- **{name}** = {_fmt(value)}")
+    rows = [(f"{p} (s/step)", f"{p}_s") for p in PHASES] + [
+        ("tokens/s/GPU", "tokens_per_s_per_gpu"), ("peak GPU memory (GiB, nvidia-smi)", "peak_gpu_mem_gib"),
+        ("start-up (s)", "startup_s"), ("wall (s)", "wall_s"), ("steps", "steps"),
+        ("val score before", "val_score_before"), ("val score after", "val_score_after"),
+        ("val score gain", "val_score_gain"), ("val acc before", "val_acc_before"), ("val acc after", "val_acc_after"),
+        ("train score first", "train_score_first"), ("train score last", "train_score_last")]
+    for job, pair in result["jobs"].items():
+        lines += ["", f"## {JOBS[job]}", "", "| metric | verl (FSDP) | hybridrl (Megatron) | hybridrl / verl |",
+                  "| --- | --- | --- | --- |"]
+        for label, key in rows:
+            v, o = pair["verl"].get(key), pair["ours"].get(key)
+            ratio = o / v if isinstance(v, (int, float)) and isinstance(o, (int, float)) and v else None
+            if v is None and o is None:
+                continue
+            lines.append(f"| {label} | {_fmt(v)} | {_fmt(o)} | {_fmt(ratio) if key.endswith('_s') else ''} |")
+        for trainer in ("verl", "ours"):
+            if "command" in pair[trainer]:
+                lines += ["", f"{trainer}: `{pair[trainer]['command']}`"]
+            if "missing" in pair[trainer]:
+                lines += ["", f"{trainer}: no run ({pair[trainer]['missing']})"]
+    lines += ["", "Phase mapping (verl -> hybridrl): see benchmarks/peer_verl/report.py's docstring and "
+              "benchmarks/peer_verl/README.md.", ""]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", required=True, help="run.sh's $OUT: verl_smol/, ours_smol/, verl_1p5b/, ours_1p5b/")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--device", default=None)
+    args = ap.parse_args(argv)
+    result = compare(args.runs)
+    device = args.device
+    if device is None:
+        try:
+            import torch
+
+            device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+        except ImportError:
+            device = "unknown"
+    commands = [p[t]["command"] for p in result["jobs"].values() for t in ("verl", "ours") if "command" in p[t]]
+    record = {"command": " ; ".join(commands), "device": device, "date": datetime.date.today().isoformat(),
+              "metrics": {**result["headline"], "jobs": result["jobs"]}}
+    with open(args.out, "w") as f:
+        json.dump(record, f, indent=1)
+    md = markdown(result, device)
+    with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
+        f.write(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# verl 0.9.1 and hybridrl, the same GRPO job on the same GPU, one mode per device call (each well inside 10 min).
+# Logs and results under $OUT (default /tmp/out). Settings for both sides come from settings.py.
+#   stage:     unpack .gpu_verl (carried in this call) into /tmp/verl_site; check both environments; materialize
+#              SmolLM2's HF folder; write the random 1.5B Qwen2 folder. Needs our bundle staged (gpu_run.sh stage).
+#   verl_smol / ours_smol:  GRPO on SmolLM2-135M-Instruct + gsm_symbolic (val before and after)
+#   verl_1p5b / ours_1p5b:  5 GRPO steps on the random 1.5B model
+#   report:    report.py over the four runs -> $OUT/results/peer_verl.json + .md
+set -u
+MODE=${1:?usage: run.sh stage|verl_smol|ours_smol|verl_1p5b|ours_1p5b|report}
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/results"
+HERE=$PWD/benchmarks/peer_verl
+SMOL=/tmp/smol; M15=/tmp/m_1p5b
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false \
+       HYBRIDRL_MODEL_CACHE=/tmp/mcache WANDB_MODE=disabled RAY_USAGE_STATS_ENABLED=0
+OURS_PATH=$PWD:/tmp/site
+# verl gets its own transformers 5.10.4 (and tokenizers, hub) first; the shims folder's sitecustomize.py runs in
+# every process it starts. hybridrl never sees /tmp/verl_site: it keeps the host's transformers 5.17.
+VERL_PATH=$HERE/shims:/tmp/verl_site:/tmp/site
+STEP_TAIL=8
+source "$PWD/benchmarks/run_lib.sh"
+
+ray_stop() {  # a run killed by its timeout can leave Ray workers holding GPU memory: clear them before the next
+  PYTHONPATH=/tmp/site python3 -c "import sys; from ray.scripts.scripts import main; sys.argv=['ray','stop','--force']; main()" \
+    > /dev/null 2>&1 || true
+}
+
+smol_dir() { PYTHONPATH=$OURS_PATH python3 -c \
+  "from hybridrl.utils.hf_model import materialize_hf_dir as m; print(m('$SMOL', 'SmolLM2-135M-Instruct.Q4_1.gguf'))"; }
+
+train() {  # train NAME TRAINER JOB MODEL: one trainer's run with the GPU memory sampled and start-up timed
+  local name=$1 trainer=$2 job=$3 model=$4 run=$OUT/$1
+  rm -rf "$run"; mkdir -p "$run"
+  local metrics=$run/metrics.jsonl cmd
+  [ "$trainer" = ours ] && metrics=$run/logs/metrics.jsonl
+  mapfile -t args < <(python3 "$HERE/settings.py" "$trainer" "$job" --model "$model" --out "$run" ${STEPS:+--steps $STEPS})
+  if [ "$trainer" = ours ]; then
+    cmd=(env PYTHONPATH=$OURS_PATH VLLM_ENABLE_V1_MULTIPROCESSING=0 python3 -m hybridrl.trainer.main_ppo "${args[@]}")
+  else
+    cmd=(env PYTHONPATH=$VERL_PATH VERL_FILE_LOGGER_PATH=$metrics python3 "$HERE/launch_verl.py" "${args[@]}")
+  fi
+  printf '%q ' "${cmd[@]}" > "$run/command.txt"
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$run/gpu_mem_mib.txt" 2>/dev/null &
+  local smi=$!
+  local t0; t0=$(date +%s.%N)
+  ( while [ ! -s "$metrics" ]; do sleep 0.5; done; date +%s.%N > "$run/first_metrics_at" ) &
+  local watch=$!
+  step "$name" 570 "${cmd[@]}"
+  echo "$t0" > "$run/launched_at"; date +%s.%N > "$run/ended_at"
+  kill "$smi" "$watch" 2>/dev/null; wait "$smi" "$watch" 2>/dev/null
+  ray_stop
+  echo "peak GPU memory $(sort -n "$run/gpu_mem_mib.txt" | tail -1) MiB; metrics lines $(wc -l < "$metrics" 2>/dev/null || echo 0)"
+}
+
+case "$MODE" in
+  stage)
+    mkdir -p /tmp/bv && cp .gpu_verl/v_* .gpu_verl/unpack.sh /tmp/bv/ && bash /tmp/bv/unpack.sh /tmp/verl_site
+    [ -d /tmp/site/vllm ] || { echo "our bundle is not at /tmp/site: run benchmarks/gpu_run.sh stage first"; exit 1; }
+    PYTHONPATH=$OURS_PATH python3 -c "import torch, transformers, vllm, ray, pyarrow, pandas
+print('ours:', torch.__version__, 'transformers', transformers.__version__, 'vllm', vllm.__version__, 'ray', ray.__version__, 'pyarrow', pyarrow.__version__, 'pandas', pandas.__version__)"
+    PYTHONPATH=$VERL_PATH python3 -c "import os, torch, transformers, tokenizers, vllm, ray, verl, tensordict, datasets, pyarrow
+from verl.trainer import main_ppo
+from verl.workers.rollout.vllm_rollout import vllm_async_server
+from verl.workers import engine_workers
+print('verl:', verl.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__, 'tokenizers', tokenizers.__version__, 'vllm', vllm.__version__, 'tensordict', tensordict.__version__, 'datasets', datasets.__version__, 'pyarrow', pyarrow.__version__, 'shims', os.environ.get('PEER_VERL_SHIMS_LOADED'))" 2>&1 | grep -v -i warn | tail -n 5
+    S=$(smol_dir); echo "smol HF folder: $S"
+    [ -f "$M15/config.json" ] || step model_1p5b 300 env PYTHONPATH=$OURS_PATH python3 benchmarks/multi_gpu_bench.py model --dir "$M15" --shape 1.5b
+    PYTHONPATH=$VERL_PATH python3 "$HERE/check_prompts.py" --model "$S" --data benchmarks/data/gsm_symbolic/test.parquet --side verl \
+      --out "$OUT/prompts_verl.json" && PYTHONPATH=$OURS_PATH python3 "$HERE/check_prompts.py" --model "$S" \
+      --data benchmarks/data/gsm_symbolic/test.parquet --side ours --out "$OUT/prompts_ours.json" --compare "$OUT/prompts_verl.json"
+    nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
+    ;;
+  verl_smol) train verl_smol verl smol "$(smol_dir)" ;;
+  ours_smol) train ours_smol ours smol "$SMOL" ;;
+  verl_1p5b) train verl_1p5b verl 1p5b "$M15" ;;
+  ours_1p5b) train ours_1p5b ours 1p5b "$M15" ;;
+  report)
+    PYTHONPATH=$OURS_PATH python3 "$HERE/report.py" --runs "$OUT" --out "$OUT/results/peer_verl.json"
+    ;;
+  *) echo "unknown mode $MODE"; exit 2 ;;
+esac

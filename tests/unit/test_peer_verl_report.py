@@ -1,0 +1,108 @@
+"""benchmarks/peer_verl: the report's parsing of both trainers' logs, its phase medians and ratios, and the
+settings that generate both command lines (fake logs; no GPU, no verl)."""
+import importlib.util
+import json
+import os
+
+import pytest
+
+HERE = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "peer_verl")
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(f"peer_verl_{name}", os.path.join(HERE, f"{name}.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+report = _load("report")
+settings = _load("settings")
+
+
+def _write(path, rows):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write("\n".join(json.dumps(r) for r in rows) + "\n")
+
+
+def _run_files(d, launched, first, ended, mem):
+    for name, v in (("launched_at", launched), ("first_metrics_at", first), ("ended_at", ended)):
+        with open(os.path.join(d, name), "w") as f:
+            f.write(f"{v}\n")
+    with open(os.path.join(d, "gpu_mem_mib.txt"), "w") as f:
+        f.write("\n".join(str(m) for m in mem) + "\n")
+
+
+def _verl_step(step, t, gen, upd_w, extra=None):
+    data = {"timing_s/step": t, "timing_s/gen": gen, "timing_s/update_weights": upd_w, "timing_s/update_actor": 1.0,
+            "perf/throughput": 1000.0 * step, "critic/score/mean": 0.01 * step, "perf/max_memory_allocated_gb": 7.5}
+    return {"step": step, "data": {**data, **(extra or {})}}
+
+
+@pytest.fixture
+def runs(tmp_path):
+    gsm = "val-core/openai/gsm8k/reward/mean@1"
+    # verl's file logger nests metrics under "data"; its last step carries the final validation.
+    _write(str(tmp_path / "verl_smol" / "metrics.jsonl"), [
+        {"step": 0, "data": {gsm: 0.01, "val-aux/openai/gsm8k/acc/mean@1": 0.0}},
+        _verl_step(1, 30.0, 20.0, 0.5), _verl_step(2, 4.0, 2.0, 0.4),
+        _verl_step(3, 6.0, 3.0, 0.6, {gsm: 0.11, "val-aux/openai/gsm8k/acc/mean@1": 0.02})])
+    _run_files(str(tmp_path / "verl_smol"), 100.0, 160.0, 300.0, [1000, 30000, 20480])
+    # hybridrl: flat records, validation as its own rows, reshard inside gen.
+    _write(str(tmp_path / "ours_smol" / "logs" / "metrics.jsonl"), [
+        {"step": 0, gsm: 0.02, "val/score": 0.02, "timing_s/startup": 40.0},
+        {"step": 1, "timing_s/step": 9.0, "timing_s/gen": 5.0, "timing_s/reshard": 0.03, "perf/throughput": 10.0},
+        {"step": 2, "timing_s/step": 2.0, "timing_s/gen": 1.0, "timing_s/reshard": 0.02, "perf/throughput": 20.0},
+        {"step": 3, "timing_s/step": 3.0, "timing_s/gen": 1.5, "timing_s/reshard": 0.04, "perf/throughput": 40.0},
+        {"step": 3, gsm: 0.15, "val/score": 0.15}])
+    _run_files(str(tmp_path / "ours_smol"), 10.0, 55.0, 100.0, [500, 10240])
+    # 1.5B without validation: the first metrics line is step 1, whose time start-up must not count.
+    _write(str(tmp_path / "verl_1p5b" / "metrics.jsonl"), [_verl_step(s, t, 1.0, 0.1) for s, t in
+                                                             ((1, 50.0), (2, 10.0), (3, 12.0), (4, 14.0))])
+    _run_files(str(tmp_path / "verl_1p5b"), 0.0, 170.0, 300.0, [2048])
+    return tmp_path
+
+
+def test_medians_ratios_val_and_startup(runs):
+    result = report.compare(str(runs))
+    v, o = result["jobs"]["smol"]["verl"], result["jobs"]["smol"]["ours"]
+    assert v["steps"] == 3 and o["steps"] == 3
+    assert v["step_s"] == pytest.approx(5.0) and o["step_s"] == pytest.approx(2.5)  # steps 2..N only
+    assert result["headline"]["step_time_vs_verl"] == pytest.approx(0.5)
+    assert v["update_weights_s"] == pytest.approx(0.5) and o["reshard_s"] == pytest.approx(0.03)
+    assert o.get("update_weights_s") is None and v.get("reshard_s") is None  # never mixed across trainers
+    assert v["tokens_per_s_per_gpu"] == pytest.approx(2500.0) and o["tokens_per_s_per_gpu"] == pytest.approx(30.0)
+    assert (v["val_score_before"], v["val_score_after"]) == (pytest.approx(0.01), pytest.approx(0.11))
+    assert (o["val_score_before"], o["val_score_after"]) == (pytest.approx(0.02), pytest.approx(0.15))
+    assert v["val_acc_after"] == pytest.approx(0.02)
+    assert v["startup_s"] == pytest.approx(60.0) and o["startup_s"] == pytest.approx(45.0)
+    assert o["startup_own_s"] == pytest.approx(40.0)
+    assert v["peak_gpu_mem_gib"] == pytest.approx(30000 / 1024) and v["trainer_max_allocated_gb"] == 7.5
+    assert v["wall_s"] == pytest.approx(200.0)
+    b = result["jobs"]["1p5b"]["verl"]
+    assert b["startup_s"] == pytest.approx(120.0)  # 170 s to the first line, less step 1's 50 s
+    assert b["step_s"] == pytest.approx(12.0) and "val_score_before" not in b
+    assert "missing" in result["jobs"]["1p5b"]["ours"] and result["headline"]["step_time_vs_verl_1.5b"] is None
+
+
+def test_report_files(runs, tmp_path):
+    out = tmp_path / "peer_verl.json"
+    report.main(["--runs", str(runs), "--out", str(out), "--device", "fake"])
+    rec = json.loads(out.read_text())
+    assert set(rec) == {"command", "device", "date", "metrics"}
+    assert rec["metrics"]["step_time_vs_verl"] == pytest.approx(0.5)
+    md = (tmp_path / "peer_verl.md").read_text()
+    assert "| step (s/step) | 5.000 | 2.500 | 0.500 |" in md
+
+
+def test_settings_identical_on_both_sides():
+    for job in settings.JOBS:
+        ours = settings.overrides("ours", job, "/m", "/o")
+        verl = settings.overrides("verl", job, "/m", "/o")
+        shared_o = [a for a in ours if a not in settings.side("ours", job, "/m", "/o")]
+        shared_v = [a for a in verl if a not in settings.side("verl", job, "/m", "/o")]
+        assert shared_o == shared_v and len(shared_o) == len(settings.SHARED) + len(settings.JOBS[job])
+        assert "actor_rollout_ref.rollout.enforce_eager=false" in shared_o
+    assert "trainer.total_training_steps=7" in settings.overrides("verl", "smol", "/m", "/o", steps=7)
+    assert "trainer.test_freq=7" in settings.overrides("ours", "smol", "/m", "/o", steps=7)
