@@ -26,7 +26,7 @@ ray_stop() {  # a run killed by its timeout can leave Ray workers holding GPU me
 }
 
 smol_dir() { PYTHONPATH=$OURS_PATH python3 -c \
-  "from hybridrl.utils.hf_model import materialize_hf_dir as m; print(m('$SMOL', 'SmolLM2-135M-Instruct.Q4_1.gguf'))"; }
+  "from hybridrl.utils.hf_model import materialize_hf_dir as m; print(m('$SMOL', 'SmolLM2-135M-Instruct.Q4_1.gguf'))" | tail -n 1; }  # the first call also prints a progress line
 
 train() {  # train NAME TRAINER JOB MODEL: one trainer's run with the GPU memory sampled and start-up timed
   local name=$1 trainer=$2 job=$3 model=$4 run=$OUT/$1
