@@ -39,6 +39,10 @@ def parse() -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--chunk", type=int, default=8, help="sequences per transformers forward")
     p.add_argument("--out", default=None, help="results JSON (DEVELOPERS.md format)")
+    p.add_argument("--rollout-rows", type=int, default=None,
+                   help="max_rollout_rows of the worker (the CUDA-graph capture sizes): a trainer run's train_batch_size "
+                        "x n shares its compiled graphs with this run (vLLM's compile cache hashes the sizes)")
+    p.add_argument("--override", action="append", default=[], help="extra key=value config override (repeatable)")
     p.add_argument("--cpu-dry-run", action="store_true")
     return p.parse_args()
 
@@ -51,7 +55,7 @@ def overrides(args: argparse.Namespace, model_dir: str) -> list[str]:
         f"data.max_prompt_length={args.prompt_len}", f"data.max_response_length={args.max_tokens}",
         "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.ignore_eos=true",
         "actor_rollout_ref.rollout.gpu_memory_utilization=0.4",
-        "actor_rollout_ref.rollout.temperature=1.0", "trainer.device=cuda",
+        "actor_rollout_ref.rollout.temperature=1.0", "trainer.device=cuda", *args.override,
     ]
 
 
@@ -103,15 +107,18 @@ def main() -> None:
     from hybrid_bench import make_prompts, start_worker
     from multi_gpu_bench import make_model
 
+    from hybridrl.hybrid.checks import routing_agreement
+
     args = parse()
     cpu = args.cpu_dry_run
     if cpu:
-        args.shape, args.prompts, args.max_tokens, args.prompt_len = "tiny", 8, 16, 8
+        args.shape = args.shape if args.shape in ("tiny", "moe_tiny") else "tiny"
+        args.prompts, args.max_tokens, args.prompt_len = 8, 16, 8
     model_dir = args.model_dir or os.path.join(tempfile.mkdtemp(), f"qwen2_{args.shape}")
     if not os.path.exists(os.path.join(model_dir, "config.json")):
         make_model(model_dir, args.shape)
     start = time.perf_counter()
-    worker, used, _ = start_worker(overrides(args, model_dir), model_dir, cpu)
+    worker, used, _ = start_worker(overrides(args, model_dir), model_dir, cpu, max_rollout_rows=args.rollout_rows)
     print(f"worker up in {time.perf_counter() - start:.0f}s", flush=True)
 
     with open(os.path.join(model_dir, "config.json")) as f:
@@ -121,7 +128,11 @@ def main() -> None:
     out.meta_info["temperature"] = 1.0
     mask = out.batch["response_mask"]
     lps = {"vllm": out.batch["rollout_log_probs"]}
-    lps["megatron_sdpa"] = worker.compute_log_prob(out).batch["old_log_probs"]
+    actor_out = worker.compute_log_prob(out)
+    lps["megatron_sdpa"] = actor_out.batch["old_log_probs"]
+    # MoE with the rollout's routing recorded: the actor's top-k against it ({} otherwise)
+    routing = routing_agreement({"response_mask": mask, **{k: actor_out.batch[k] for k in ("routing_agreement",)
+                                                           if k in actor_out.batch}})
     swapped = swap_attention(worker, to_local=True)
     lps["megatron_local"] = worker.compute_log_prob(out).batch["old_log_probs"]
     swap_attention(worker, to_local=False)
@@ -143,12 +154,15 @@ def main() -> None:
                 table[f"{name}_vs_{ref}"] = gap(lp, lps[ref], mask)
     for k, v in table.items():
         print(f"{k:32s} mean {v['mean']:.5f}  max {v['max']:.4f}", flush=True)
+    for k, v in routing.items():
+        print(f"{k:32s} {v:.4f}", flush=True)
     metrics = {"logprob_abs_diff_mean": table["megatron_sdpa_vs_vllm"]["mean"],
                "logprob_abs_diff_max": table["megatron_sdpa_vs_vllm"]["max"],
                **{f"{k}_abs_diff_mean": v["mean"] for k, v in table.items()},
                **{f"{k}_abs_diff_max": v["max"] for k, v in table.items()},
                "response_tokens": float(mask.sum()), "attention_modules_swapped": float(swapped),
-               "rollout_logprob_mean": float(lps["vllm"][mask.bool()].mean())}
+               "rollout_logprob_mean": float(lps["vllm"][mask.bool()].mean()),
+               **{k.split("/")[-1]: v for k, v in routing.items()}}
     if args.out and not cpu:
         import datetime
 

@@ -12,8 +12,13 @@
 #   speed:  train_bench on SHAPE (1.5b) with a GSM8K-like length spread: local vs TE, padded vs packed (same lease)
 #   speed7b: train_bench on the 7B shape, TE + packed + recompute (train_mfu_7b); SPEED_ARGS adds options
 #   report: rollout_graphs_report.py over the runs above (graphs, warm, eager) -> results/rollout_graphs.json
+#   moe:    issue 20 in one call (~9 min): the random Qwen3-MoE moe_1b model (1.28B total, 0.49B active, 32 experts,
+#           top-4) + arithmetic data, GRPO through the real trainer with routing recorded (router replay off, then
+#           R3), gap_bench on the same model (bf16 floor), moe_report.py -> results/moe_grpo.json + .md.
+#           MOE_STEPS (4) steps a run, MOE_ARGS: extra trainer overrides for both runs
+#   moetest: tests/gpu/test_vllm_moe.py (tiny Qwen3-MoE: sync, follow, routing agreement, R3)
 set -u
-MODE=${1:?usage: gpu_run.sh stage|checks|bench|gap|grpo|report|te|speed|speed7b}
+MODE=${1:?usage: gpu_run.sh stage|checks|bench|gap|grpo|report|te|speed|speed7b|moe|moetest}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT/results"
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 HF_HUB_OFFLINE=1 \
@@ -90,5 +95,41 @@ trainer.default_local_dir=$OUT/grpo_$N trainer.max_time_s=$T ${GRPO_ARGS:-}"
       --transformer-impl transformer_engine --packed --dynamic-tokens ${TOKENS:-16384} --samples ${SAMPLES:-64} \
       --recompute --skip-offload --updates 2 ${SPEED_ARGS:-} --out "$OUT/results/speed_7b.json"
     grep -h "train_mfu\|peak_memory" "$OUT/results/speed_7b.json"
+    ;;
+  moe)
+    M=${MODEL:-/tmp/qwen3_moe_1b}; K=${MOE_STEPS:-4}
+    [ -f "$M/config.json" ] || step moe_model 50 python3 benchmarks/multi_gpu_bench.py model --dir "$M" --shape moe_1b
+    A="--config-name grpo_trainer preset=0.5b_1gpu actor_rollout_ref.model.path=$M data.train_files=$M/data/train.parquet \
+data.val_files=$M/data/test.parquet data.max_prompt_length=64 data.max_response_length=256 data.train_batch_size=16 \
+actor_rollout_ref.actor.ppo_mini_batch_size=16 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8 \
+actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16 actor_rollout_ref.rollout.n=8 \
+actor_rollout_ref.actor.use_kl_loss=false actor_rollout_ref.rollout.ignore_eos=true \
+actor_rollout_ref.rollout.gpu_memory_utilization=0.4 actor_rollout_ref.rollout.name=vllm trainer.device=cuda \
+actor_rollout_ref.rollout.enable_rollout_routing_replay=true trainer.total_training_steps=$K trainer.max_time_s=60 \
+trainer.test_freq=-1 trainer.save_freq=-1 trainer.val_before_train=false trainer.logger=[console,jsonl] \
+trainer.progress_bar=false ${MOE_ARGS:-}"
+    echo "moe: model $M, $K steps a run; progress: tail -f $OUT/moe_*.log"
+    # shellcheck disable=SC2086
+    step moe_grpo_noreplay 225 python3 -m hybridrl.trainer.main_ppo $A actor_rollout_ref.actor.router_replay.mode=disabled \
+      trainer.default_local_dir="$OUT/moe_noreplay"
+    grep -h "start-up\|max_time_s\|rollout_vs_actor/\|perf/mfu\|reshard_stream" "$OUT/moe_grpo_noreplay.log" | tail -n 8
+    # shellcheck disable=SC2086
+    step moe_grpo_r3 150 python3 -m hybridrl.trainer.main_ppo $A actor_rollout_ref.actor.router_replay.mode=R3 \
+      trainer.default_local_dir="$OUT/moe_r3"
+    grep -h "start-up\|max_time_s\|rollout_vs_actor/\|perf/mfu\|reshard_stream" "$OUT/moe_grpo_r3.log" | tail -n 8
+    # the trainer runs' engine settings (max_model_len, capture sizes for 16 x 8 rows, routing recorded), so
+    # vLLM's compile cache from the runs above applies
+    step moe_gap 115 python3 benchmarks/gap_bench.py --model-dir "$M" --prompts 32 --max-tokens 256 \
+      --rollout-rows 128 --override actor_rollout_ref.rollout.enable_rollout_routing_replay=true \
+      --override actor_rollout_ref.rollout.gpu_memory_utilization=0.4 --out "$OUT/moe_gap.json"
+    grep -E "_vs_" "$OUT/moe_gap.log"
+    step moe_report 25 python3 benchmarks/moe_report.py --noreplay "$OUT/moe_noreplay/logs/metrics.jsonl" \
+      --r3 "$OUT/moe_r3/logs/metrics.jsonl" --gap "$OUT/moe_gap.json" --model-dir "$M" \
+      --command "OUT=\$OUT bash benchmarks/gpu_run.sh moe  # trainer: $A" --out "$OUT/results/moe_grpo.json"
+    cat "$OUT/results/moe_grpo.md" 2>/dev/null
+    ;;
+  moetest)
+    step test_vllm_moe 420 python3 -m pytest -q -x -s tests/gpu/test_vllm_moe.py
+    grep -h "^\[moe gpu\]" "$OUT/test_vllm_moe.log"
     ;;
 esac

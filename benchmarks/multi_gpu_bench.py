@@ -35,6 +35,17 @@ SHAPES = {  # Qwen2.5 shapes; weights are random
     "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
                  num_key_value_heads=2, tie_word_embeddings=True),
 }
+# Qwen3-MoE shapes (issue 20): Qwen3-30B-A3B's layer (head_dim 128, q/k norms, normalised top-k, untied head)
+# scaled down. moe_1b: 1.28B total, 0.49B active per token (printed by `model`); moe_tiny: the CPU dry run's.
+MOE_SHAPES = {
+    "moe_1b": dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, moe_intermediate_size=768,
+                   num_experts=32, num_experts_per_tok=4, num_hidden_layers=12, num_attention_heads=16,
+                   num_key_value_heads=4, head_dim=128, tie_word_embeddings=False),
+    "moe_tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_experts=16,
+                     num_experts_per_tok=4, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                     head_dim=16, tie_word_embeddings=False),
+}
+MOE_COMMON = dict(norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], router_aux_loss_coef=0.001)
 COMMON = dict(max_position_embeddings=4096, rope_theta=1000000.0, rms_norm_eps=1e-6)
 # The GRPO timing keys reported per run (verl's names), averaged over steps after the first.
 TIMING = ["timing_s/step", "timing_s/gen", "timing_s/reshard", "timing_s/reward", "timing_s/old_log_prob",
@@ -46,7 +57,7 @@ def parse() -> argparse.Namespace:
     sub = p.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("model")
     m.add_argument("--dir", required=True)
-    m.add_argument("--shape", default="1.5b", choices=sorted(SHAPES))
+    m.add_argument("--shape", default="1.5b", choices=sorted(SHAPES) + sorted(MOE_SHAPES))
     for name in ("parity", "allgather"):
         s = sub.add_parser(name)
         s.add_argument("--out", required=True)
@@ -70,14 +81,17 @@ def parse() -> argparse.Namespace:
 
 # ------------------------------------------------------------------------------------------ model
 def make_model(folder: str, shape: str) -> None:
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     from hybridrl.trainer.demo import build_tokenizer, write_data
 
-    cuda = torch.cuda.is_available() and shape != "tiny"
+    cuda = torch.cuda.is_available() and "tiny" not in shape
     torch.manual_seed(0)
     with torch.device("cuda" if cuda else "cpu"):
-        model = Qwen2ForCausalLM(Qwen2Config(**SHAPES[shape], **COMMON))
+        if shape in MOE_SHAPES:
+            model = Qwen3MoeForCausalLM(Qwen3MoeConfig(**MOE_SHAPES[shape], **MOE_COMMON, **COMMON))
+        else:
+            model = Qwen2ForCausalLM(Qwen2Config(**SHAPES[shape], **COMMON))
     model = model.to(torch.bfloat16 if cuda else torch.float32)
     tok = build_tokenizer(folder)  # the demo's character tokenizer; a random model's extra ids decode to ""
     model.config.update(dict(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
@@ -85,7 +99,17 @@ def make_model(folder: str, shape: str) -> None:
     model.save_pretrained(folder)
     write_data(os.path.join(folder, "data"), n_train=4096, n_test=64, seed=0)
     n = sum(p.numel() for p in model.parameters())
-    print(f"model: Qwen2 {shape} shape, {n / 1e9:.2f}B parameters, {model.dtype}, in {folder}", flush=True)
+    if shape in MOE_SHAPES:
+        from hybridrl.plan.model_shape import from_hf_config
+
+        counted = from_hf_config(model.config.to_dict(), name=shape)
+        assert counted.params == n, f"plan's parameter count {counted.params} != the model's {n}"
+        c = model.config
+        print(f"model: Qwen3-MoE {shape} shape, {n / 1e9:.2f}B total parameters, {counted.active_params / 1e9:.3f}B "
+              f"active per token ({c.num_experts} experts, top-{c.num_experts_per_tok}), {model.dtype}, in {folder}",
+              flush=True)
+    else:
+        print(f"model: Qwen2 {shape} shape, {n / 1e9:.2f}B parameters, {model.dtype}, in {folder}", flush=True)
 
 
 # ------------------------------------------------------------------------------------------ parity

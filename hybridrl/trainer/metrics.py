@@ -13,6 +13,8 @@ embedding is a lookup, not a matmul), L is the number of layers and d = heads x 
 the attention scores). 2 FLOPs per weight per token forward, twice that backward; the attention term
 is QK^T and AV (2 x 2 s d per layer forward), counted without the causal-mask halving, as PaLM
 (Chowdhery et al. 2022, appendix B) and Megatron do. MFU = achieved FLOP/s / (n_gpus x peak FLOP/s).
+A mixture-of-experts layer counts the weights a token is routed through (MFU on active parameters): the
+router [E, h], top-k routed experts and the shared expert (qwen2_moe), not the experts it skips.
 """
 from __future__ import annotations
 
@@ -139,10 +141,9 @@ def _cfg(hf_config: Mapping[str, Any], *names: str, default: Any = None) -> Any:
 
 
 def matmul_params(hf_config: Mapping[str, Any]) -> int:
-    """N: weights used in matmuls per token (layers + LM head; biases and norms are negligible)."""
+    """N: weights used in matmuls per token (layers + LM head; biases and norms are negligible); for a
+    mixture of experts the active ones (router, the top-k routed experts, a shared expert)."""
     experts = _cfg(hf_config, "num_local_experts", "num_experts", "n_routed_experts", default=0)
-    if experts and experts > 1:
-        raise ValueError(f"flops_per_token: a mixture-of-experts config ({experts} experts); only dense decoders are supported")
     h = _cfg(hf_config, "hidden_size", "n_embd", "d_model")
     layers = _cfg(hf_config, "num_hidden_layers", "n_layer", "num_layers")
     heads = _cfg(hf_config, "num_attention_heads", "n_head")
@@ -152,6 +153,14 @@ def matmul_params(hf_config: Mapping[str, Any]) -> int:
     vocab = _cfg(hf_config, "vocab_size")
     attention = h * heads * head_dim * 2 + h * kv_heads * head_dim * 2  # q, o ; k, v
     mlp = (2 if hf_config.get("model_type") in _NON_GATED_MLP else 3) * h * ffn
+    if experts and experts > 1:
+        if hf_config.get("mlp_only_layers") or _cfg(hf_config, "decoder_sparse_step", default=1) != 1:
+            raise ValueError("flops_per_token: a mixture of experts with dense layers among its MoE layers "
+                             "(mlp_only_layers / decoder_sparse_step) is not supported")
+        topk = _cfg(hf_config, "num_experts_per_tok", "moe_topk")
+        expert_ffn = _cfg(hf_config, "moe_intermediate_size", default=ffn)  # mixtral: intermediate_size
+        shared = _cfg(hf_config, "shared_expert_intermediate_size", default=0) if hf_config.get("model_type") == "qwen2_moe" else 0
+        mlp = experts * h + topk * 3 * h * expert_ffn + (3 * h * shared + h if shared else 0)
     return layers * (attention + mlp) + h * vocab
 
 

@@ -111,9 +111,30 @@ def test_flops_by_hand():
     assert matmul_params(gpt2) == 2 * (192 + 2 * 8 * 16) + 80
 
 
-def test_flops_reject_moe():
-    with pytest.raises(ValueError, match="mixture-of-experts"):
-        matmul_params({**TINY, "num_local_experts": 8})
+def test_flops_of_a_mixture_of_experts_count_active_weights():
+    # attention 192 per layer (TINY); router 8*8 = 64; top-2 experts of width 4: 2 * 3*8*4 = 192 -> 448 a layer
+    qwen3_moe = {**TINY, "model_type": "qwen3_moe", "num_experts": 8, "num_experts_per_tok": 2,
+                 "moe_intermediate_size": 4}
+    assert matmul_params(qwen3_moe) == 2 * (192 + 64 + 192) + 80 == 976
+    assert flops_per_token(qwen3_moe) == 6 * 976
+    # mixtral: experts are intermediate_size wide (16); qwen2_moe adds a shared expert (width 6) and its gate [1, h]
+    mixtral = {**TINY, "model_type": "mixtral", "num_local_experts": 8, "num_experts_per_tok": 2}
+    assert matmul_params(mixtral) == 2 * (192 + 64 + 2 * 3 * 8 * 16) + 80
+    qwen2_moe = {**qwen3_moe, "model_type": "qwen2_moe", "shared_expert_intermediate_size": 6}
+    assert matmul_params(qwen2_moe) == 2 * (192 + 64 + 192 + 3 * 8 * 6 + 8) + 80
+    with pytest.raises(ValueError, match="mlp_only_layers"):
+        matmul_params({**qwen3_moe, "mlp_only_layers": [0]})
+
+
+def test_mfu_counts_the_plans_active_parameters():
+    # the plan's active count (every weight a token runs through) = matmul_params + embedding + norms
+    from hybridrl.plan.model_shape import from_hf_config
+
+    cfg = {**TINY, "model_type": "qwen3_moe", "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 4,
+           "head_dim": 4, "tie_word_embeddings": False}
+    shape = from_hf_config(cfg)
+    norms = 2 * (2 * 8 + 2 * 4) + 8  # two RMSNorms + q/k norms a layer, the final norm
+    assert matmul_params(cfg) == shape.active_params - 10 * 8 - norms
 
 
 def test_mfu_and_effective_len():
