@@ -4,8 +4,8 @@
 
 1. a character tokenizer (plus the tool-call wrapper and role names as whole tokens) and problems "37*48="
    whose answer ("1776") a tiny model cannot compute but can copy from the calculator's answer;
-2. a tiny Llama warmed up on a mix of conversations: half call the calculator and copy its result, half
-   answer at once (mostly wrongly): after it, the model calls the tool on some prompts and guesses on others;
+2. a tiny Llama warmed up on a mix of conversations: some call the calculator and copy its result, the rest
+   answer at once (mostly wrongly; 30% call it): after it, the model calls the tool on some prompts and guesses on others;
 3. GRPO from configs/agent_demo.yaml with the agent loop (actor_rollout_ref.rollout.multi_turn) through the
    real stack: Ray, megatron-core over gloo, the torch engine's per-request generation, the calculator tool;
 4. `agent demo: val/score A -> B, tool-call rate X -> Y` (greedy validation before and after).
@@ -63,7 +63,7 @@ def conversation(expression: str, answer: str, use_tool: bool, rng: random.Rando
             {"role": "tool", "content": answer}, {"role": "assistant", "content": answer}]
 
 
-def supervised_warmup(model, tok, train_file: str, steps: int, seed: int, tool_fraction: float = 0.5,
+def supervised_warmup(model, tok, train_file: str, steps: int, seed: int, tool_fraction: float = 0.3,
                       lr: float = 3e-3) -> float:
     """SFT on warm-up conversations; loss on the assistant turns (and their end-of-turn token) only."""
     import pyarrow.parquet as pq
@@ -127,7 +127,7 @@ def prepare(out: str, sft_steps: int, seed: int = 0) -> tuple[str, str, str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="agent_demo_out")
-    parser.add_argument("--sft-steps", type=int, default=150)
+    parser.add_argument("--sft-steps", type=int, default=300)
     parser.add_argument("--config-name", default="agent_demo")
     args, overrides = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     out = os.path.abspath(args.out)
