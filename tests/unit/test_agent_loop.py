@@ -123,6 +123,8 @@ def test_three_turns_mask_logprobs_and_whole_conversation_tokenization(tok):
 def test_observation_tokens_carry_no_loss_and_no_kl(tok):
     out, _ = three_turn_rollout(tok)
     mask = torch.cat([out.batch["response_mask"]] * 2).double()  # two rows
+    attended = torch.cat([out.batch["attention_mask"][:, -mask.shape[1]:]] * 2).bool()
+    assert (attended & ~mask.bool()).any()  # observation tokens: attended to, but holes in the mask
     g = torch.Generator().manual_seed(0)
     shape = mask.shape
     old = -torch.rand(shape, generator=g, dtype=torch.float64) * 3
