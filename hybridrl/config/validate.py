@@ -435,6 +435,39 @@ def _check_trainer(cfg: PPOConfig, p: _Problems) -> None:
     p.check(t.worker_timeout_s > 0 and t.dist_timeout_s > 0, "trainer.worker_timeout_s and trainer.dist_timeout_s must be > 0")
 
 
+def _check_multi_turn(cfg: PPOConfig, rollout: RolloutLayout, p: _Problems) -> None:
+    """multi_turn.*: the tool and interaction files load (classes import, schemas parse) before any worker starts."""
+    m, key = cfg.actor_rollout_ref.rollout.multi_turn, f"{ARA}.rollout.multi_turn"
+    if not m.enable:
+        return
+    from hybridrl.agent import TOOL_CALL_FORMATS, load_interactions, load_tools
+    from hybridrl.agent.loop import TRUNCATE_SIDES
+
+    _choices(f"{key}.format", m.format, TOOL_CALL_FORMATS.names(), p)
+    _choices(f"{key}.tool_response_truncate_side", m.tool_response_truncate_side, list(TRUNCATE_SIDES), p)
+    for name in ("max_assistant_turns", "max_user_turns"):
+        v = getattr(m, name)
+        p.check(v is None or v >= 1, f"{key}.{name}={v} must be null or >= 1")
+    p.check(m.max_parallel_calls >= 1, f"{key}.max_parallel_calls={m.max_parallel_calls} must be >= 1")
+    p.check(m.max_tool_response_length >= 1, f"{key}.max_tool_response_length must be >= 1")
+    p.check(m.tool_timeout_s > 0, f"{key}.tool_timeout_s={m.tool_timeout_s} must be > 0")
+    for path, loader, name in ((m.tool_config_path, load_tools, "tool_config_path"),
+                               (m.interaction_config_path, load_interactions, "interaction_config_path")):
+        if path is None:
+            continue
+        try:
+            loader(path)
+        except Exception as e:  # the loaders' messages name the file, the entry and the class
+            p.errors.append(f"{key}.{name}: {type(e).__name__}: {e}")
+    if not m.tool_config_path and not m.interaction_config_path:
+        p.notes.append(f"{key}.enable=true without tool_config_path or interaction_config_path: every sample is one turn")
+    # one tp_g rank would add requests at other times than its peers (tools finish when they finish), and
+    # vLLM's tensor-parallel steps must see the same batch on every rank of a replica
+    p.check(rollout.engine != "vllm" or rollout.tp == 1,
+            f"{key}.enable=true with {ARA}.rollout.name=vllm needs {ARA}.rollout.tensor_model_parallel_size=1 "
+            f"(got {rollout.tp}): per-request generation runs each replica's turn loops on one GPU")
+
+
 def _check_rewards(cfg: PPOConfig, p: _Problems) -> None:
     p.check(not cfg.reward_model.enable,
             "reward_model.enable=true: model-based rewards are not supported yet; use custom_reward_function.path "
@@ -473,6 +506,7 @@ def validate(cfg: PPOConfig, cuda_available: Optional[Callable[[], bool]] = None
     ara = cfg.actor_rollout_ref
     actor = _layout(f"{ARA}.actor.megatron", ara.actor.megatron, world, device, p)
     rollout = _rollout(cfg, device, world, p)
+    _check_multi_turn(cfg, rollout, p)
     _check_data(cfg, p)
     _check_actor(cfg, p)
     algorithm = check_algorithm(cfg, rollout.n, p)

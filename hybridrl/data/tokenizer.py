@@ -73,8 +73,10 @@ def build_tiny_tokenizer(
     alphabet: Optional[str] = None,
     vocab_size: int = 512,
     model_max_length: int = 4096,
+    extra_tokens: Sequence[str] = (),
 ):
-    """A small PreTrainedTokenizerFast with the ChatML template (see the module docstring)."""
+    """A small PreTrainedTokenizerFast with the ChatML template (see the module docstring). extra_tokens
+    (alphabet mode): more strings encoded as one token each, e.g. a tool-call wrapper for the agent demo."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -92,7 +94,7 @@ def build_tiny_tokenizer(
         tok = _train_byte_bpe(list(texts), specials, vocab_size)
     tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
     if texts is None:
-        tok.add_tokens([AddedToken(r, normalized=False) for r in ROLE_TOKENS])
+        tok.add_tokens([AddedToken(r, normalized=False) for r in (*ROLE_TOKENS, *extra_tokens)])
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD, unk_token=UNK,
         chat_template=CHATML_TEMPLATE, clean_up_tokenization_spaces=False, model_max_length=model_max_length,

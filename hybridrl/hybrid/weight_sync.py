@@ -33,7 +33,7 @@ import logging
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch.distributed as dist
 
@@ -241,16 +241,20 @@ def _bucket_bytes(bucket: list, seen: set[str], index: int) -> int:
     return size
 
 
-def generate_sequences(sync: WeightSync, prompts: DataProto, sampling: SamplingParams,
-                       *, step: int) -> tuple[DataProto, dict[str, float]]:
+def generate_sequences(sync: WeightSync, prompts: DataProto, sampling: SamplingParams, *, step: int,
+                       generate: Optional[Callable[[RolloutEngine, DataProto, SamplingParams], DataProto]] = None
+                       ) -> tuple[DataProto, dict[str, float]]:
     """One rollout step on this rank: sync the weights, generate this replica's prompts, release.
 
     `prompts` is this replica's chunk (plan.prompt_slice); every rank of a replica passes the same one.
+    `generate(engine, prompts, sampling)` replaces the engine's own batch generate (the agent loop); the
+    metrics it leaves in meta_info["metrics"] join the step's.
     """
     with sync.rollout_phase(step) as metrics:
         start = time.perf_counter()
-        out = sync.engine.generate(prompts, sampling)
+        out = generate(sync.engine, prompts, sampling) if generate is not None else sync.engine.generate(prompts, sampling)
         metrics["timing_s/generate"] = time.perf_counter() - start
+        metrics.update(out.meta_info.pop("metrics", {}))
         mask = out.batch["response_mask"]
         metrics["rollout/response_length_mean"] = float(mask.sum(-1).float().mean()) if len(out) else 0.0
         metrics["rollout/tokens"] = float(mask.sum())

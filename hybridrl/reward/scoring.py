@@ -4,6 +4,7 @@
     lighteval/MATH, DigitalLearningGmbH/MATH-lighteval, HuggingFaceH4/MATH-500,
     and other MATH-style sources listed in MATH_SOURCES -> math_boxed.compute_score
     arithmetic                                     -> arithmetic.compute_score
+    arithmetic_tool (the agent demo)               -> arithmetic.compute_final_line_score
 Anything else is a NotImplementedError that says how to plug a scorer in: a file with
 `compute_score(data_source, solution_str, ground_truth, extra_info=None)` given as
 custom_reward_function.path (and .name), or `register_data_source` from Python.
@@ -22,7 +23,8 @@ MATH_SOURCES = ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "Hugging
 
 # data_source -> fn(solution_str, ground_truth) -> float
 _SCORERS: dict[str, Callable[[str, Any], float]] = {"openai/gsm8k": gsm8k.compute_score,
-                                                     "arithmetic": arithmetic.compute_score}
+                                                     "arithmetic": arithmetic.compute_score,
+                                                     "arithmetic_tool": arithmetic.compute_final_line_score}
 _SCORERS.update({s: math_boxed.compute_score for s in MATH_SOURCES})
 
 

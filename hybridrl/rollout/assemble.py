@@ -24,6 +24,7 @@ def assemble_rollout(
     max_tokens: int,
     pad_token_id: int,
     routed_experts: Optional[torch.Tensor] = None,
+    loss_masks: Optional[Sequence[Sequence[int]]] = None,
 ) -> DataProto:
     """Output batch of B*n rows from B prompts and B*n generated token lists.
 
@@ -33,18 +34,26 @@ def assemble_rollout(
     routed_experts (MoE engines asked to record routing): [B*n, P + max_tokens, layers, k] expert ids of
     every token the engine ran, in the output's input_ids layout, -1 where unknown; kept as int16 with -1
     outside the attention mask (padding, and the last response token, which no forward pass routes).
+    loss_masks (multi-turn rollouts): per response, 1 on the tokens the policy generated and 0 on the tokens
+    appended for it (tool and user turns); they become response_mask, with holes, while attention_mask stays 1
+    over the whole response. Default: every response token was generated.
     """
     _check_inputs(prompts, responses, logprobs, n, max_tokens)
+    if loss_masks is not None:
+        if len(loss_masks) != len(responses) or any(len(m) != len(t) for m, t in zip(loss_masks, responses)):
+            raise ValueError("assemble_rollout: loss_masks must give one 0/1 value per response token")
     rows = len(responses)
     response_ids = torch.full((rows, max_tokens), pad_token_id, dtype=torch.long)
     response_mask = torch.zeros((rows, max_tokens), dtype=torch.long)
+    attended = torch.zeros((rows, max_tokens), dtype=torch.long)
     rollout_log_probs = torch.zeros((rows, max_tokens), dtype=torch.float32)
     for k, tokens in enumerate(responses):
         length = len(tokens)
         if length == 0:
             continue
         response_ids[k, :length] = torch.as_tensor(list(tokens), dtype=torch.long)
-        response_mask[k, :length] = 1
+        attended[k, :length] = 1
+        response_mask[k, :length] = 1 if loss_masks is None else torch.as_tensor(list(loss_masks[k]), dtype=torch.long)
         if logprobs is not None and logprobs[k] is not None:
             rollout_log_probs[k, :length] = torch.as_tensor(list(logprobs[k]), dtype=torch.float32)
 
@@ -57,7 +66,7 @@ def assemble_rollout(
         "prompts": prompt_ids,
         "responses": response_ids.to(prompt_ids.device),
         "input_ids": torch.cat([prompt_ids, response_ids.to(prompt_ids.device)], dim=-1),
-        "attention_mask": torch.cat([prompt_mask, response_mask.to(prompt_mask.device, prompt_mask.dtype)], dim=-1),
+        "attention_mask": torch.cat([prompt_mask, attended.to(prompt_mask.device, prompt_mask.dtype)], dim=-1),
         "position_ids": torch.cat([prompt_pos, response_pos], dim=-1),
         "response_mask": response_mask.to(prompt_ids.device),
         "rollout_log_probs": rollout_log_probs.to(prompt_ids.device),

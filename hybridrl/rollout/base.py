@@ -15,6 +15,11 @@ Output batch (B * n samples, each prompt's n samples adjacent, i.e. repeat(n, in
     experts each token was routed to in each layer, -1 where no forward pass routed it (see assemble.py).
 Non-tensor keys are repeated alongside.
 
+Per-request generation (the agent loop, hybridrl/agent/): `generate_tokens(prompt_ids, sampling)` is one
+request of one sample (sampling.n must be 1), awaited on its own so that each sample runs its own turn loop;
+the engine batches whatever requests are pending. It returns the generated ids and their log-probs under the
+same convention as above (TokenOutput).
+
 Engines hold their own copy of the weights, keyed by HuggingFace names; the hybrid engine fills it with
 `load_weights` (buckets of (hf_name, full tensor)), or, for the pieces `weight_views` can place, by
 copying the actor's shards straight in; an engine never reads a checkpoint itself.
@@ -69,6 +74,19 @@ class SamplingParams:
         return replace(self, **changes)
 
 
+@dataclass(frozen=True)
+class TokenOutput:
+    """One request's generated tokens (ending with the stop token when one was hit) and their log-probs."""
+
+    token_ids: tuple[int, ...]
+    log_probs: tuple[float, ...]
+    finish_reason: str  # "stop": a stop token ended it; "length": max_tokens did
+
+    def __post_init__(self) -> None:
+        if len(self.token_ids) != len(self.log_probs):
+            raise ValueError(f"TokenOutput: {len(self.token_ids)} tokens but {len(self.log_probs)} log-probs")
+
+
 @dataclass
 class EngineMemory:
     """Bytes held by an engine, for the memory-phase checks and benchmarks."""
@@ -87,6 +105,12 @@ class RolloutEngine(ABC):
 
     @abstractmethod
     def generate(self, prompts: DataProto, sampling: SamplingParams) -> DataProto: ...
+
+    async def generate_tokens(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> TokenOutput:
+        """One sample for one prompt (token ids, no padding); sampling.n must be 1. Concurrent calls are
+        batched by the engine. Engines without per-request generation raise."""
+        raise NotImplementedError(f"{type(self).__name__} has no per-request generation (generate_tokens); "
+                                  "actor_rollout_ref.rollout.multi_turn needs it")
 
     @abstractmethod
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

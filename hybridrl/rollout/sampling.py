@@ -59,15 +59,21 @@ class RowSampler:
     """One torch.Generator per output row: a row's samples depend on its seed, its prompt and the
     weights only, not on which other rows share the batch or when they finished."""
 
-    def __init__(self, sampling: SamplingParams, rows: int) -> None:
+    def __init__(self, sampling: SamplingParams, rows: int, seeds: Optional[Sequence[int]] = None) -> None:
+        """seeds: one seed per row (per-request generation: each request brings its own); default: rows
+        seeded from sampling.seed."""
         self.greedy = sampling.greedy
         self.generators: list[torch.Generator] = []
         if self.greedy:
             return
-        base = sampling.seed if sampling.seed is not None else int(torch.randint(0, 2**62, (1,)).item())
-        for r in range(rows):
+        if seeds is None:
+            base = sampling.seed if sampling.seed is not None else int(torch.randint(0, 2**62, (1,)).item())
+            seeds = [row_seed(base, r) for r in range(rows)]
+        if len(seeds) != rows:
+            raise ValueError(f"RowSampler: {len(seeds)} seeds for {rows} rows")
+        for seed in seeds:
             g = torch.Generator(device="cpu")
-            g.manual_seed(row_seed(base, r))
+            g.manual_seed(int(seed) & _MASK)
             self.generators.append(g)
 
     def draw(self, log_probs: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:

@@ -31,10 +31,12 @@ from .base import (
     EngineMemory,
     RolloutEngine,
     SamplingParams,
+    TokenOutput,
     covering_views,
     eos_token_ids,
     shaped_view,
 )
+from .request_batcher import RequestBatcher
 from .sampling import RowSampler, StopChecker, processed_log_probs
 
 if TYPE_CHECKING:
@@ -79,6 +81,7 @@ class TorchRolloutEngine(RolloutEngine):
         self._complete = False  # every weight came from load_weights since init / the last level-2 sleep
         self._awake = {"weights": True, "kv_cache": True}
         self._cache: Optional[Any] = None  # the live KV cache, only during generate
+        self._batcher: Optional[RequestBatcher] = None  # per-request generation (generate_tokens), made on first use
         self._routers = _routers(self.model) if record_routing else []
         if record_routing and not self._routers:
             raise ValueError(f"record_routing: {type(self.model).__name__} has no MoE router (a dense model?); set "
@@ -189,8 +192,46 @@ class TorchRolloutEngine(RolloutEngine):
         return assemble_rollout(prompts, responses, logprobs if sampling.logprobs else None, n=sampling.n,
                                 max_tokens=sampling.max_tokens, pad_token_id=self.pad_token_id, routed_experts=routed)
 
+    @torch.inference_mode()
+    def generate_rows(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams, limits: Sequence[int],
+                      seeds: Sequence[int]) -> list[TokenOutput]:
+        """One sample per prompt (token ids, unpadded) in one batch: row i stops at limits[i] tokens and draws
+        from its own seeds[i], so its tokens do not depend on which other requests share the batch."""
+        self._require_ready()
+        if not (len(prompts) == len(limits) == len(seeds)):
+            raise ValueError(f"generate_rows: {len(prompts)} prompts, {len(limits)} limits, {len(seeds)} seeds")
+        limit = getattr(self.hf_config, "max_position_embeddings", None)
+        for p, m in zip(prompts, limits):
+            if not p or m < 1:
+                raise ValueError(f"generate_rows: a request needs >= 1 prompt token and max_tokens >= 1 (got {len(p)}, {m})")
+            if limit is not None and len(p) + m > limit:
+                raise ValueError(f"generate_rows: prompt {len(p)} + max_tokens {m} tokens exceed the model's "
+                                 f"max_position_embeddings={limit}")
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p):] = torch.as_tensor(list(p), dtype=torch.long)
+            mask[i, width - len(p):] = 1
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        rows = sampling.with_(n=1, max_tokens=max(limits))
+        responses: list[list[int]] = [[] for _ in prompts]
+        logprobs: list[list[float]] = [[] for _ in prompts]
+        self._decode(ids.to(self.device), mask.to(self.device), pos.to(self.device), rows, responses, logprobs, None,
+                     limits=list(limits), sampler=RowSampler(rows, len(prompts), seeds))
+        stops = set(self.eos_token_ids if not sampling.ignore_eos else ()) | set(sampling.stop_token_ids)
+        return [TokenOutput(tuple(r), tuple(lp), "stop" if r and r[-1] in stops else "length")
+                for r, lp in zip(responses, logprobs)]
+
+    async def generate_tokens(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> TokenOutput:
+        if self._batcher is None:
+            self._batcher = RequestBatcher(self.generate_rows)
+        return await self._batcher.submit(prompt_ids, sampling)
+
     def _decode(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, sampling: SamplingParams,
-                responses: list[list[int]], logprobs: list[list[float]], routed: Optional[torch.Tensor]) -> None:
+                responses: list[list[int]], logprobs: list[list[float]], routed: Optional[torch.Tensor],
+                limits: Optional[list[int]] = None, sampler: Optional[RowSampler] = None) -> None:
+        """limits: per output row, the most tokens it may generate (default: sampling.max_tokens for all)."""
         from transformers import DynamicCache
 
         n = sampling.n
@@ -205,8 +246,9 @@ class TorchRolloutEngine(RolloutEngine):
             logits, mask, pos = (t.repeat_interleave(n, dim=0) for t in (logits, mask, pos))
         active = torch.arange(ids.shape[0] * n, device=self.device)  # output row of each cache row
         last_pos = pos[:, -1]
-        sampler = RowSampler(sampling, len(active))
+        sampler = sampler or RowSampler(sampling, len(active))
         stops = StopChecker(sampling, self.eos_token_ids, self.tokenizer)
+        row_limit = torch.as_tensor(limits, device=self.device) if limits is not None else None
         try:
             for step in range(sampling.max_tokens):
                 lp = processed_log_probs(logits, sampling)
@@ -216,6 +258,8 @@ class TorchRolloutEngine(RolloutEngine):
                     responses[r].append(tok)
                     logprobs[r].append(tok_lp)
                 keep = ~stops.finished(tokens, active, responses)
+                if row_limit is not None:
+                    keep &= row_limit[active] > step + 1
                 if step == sampling.max_tokens - 1 or not keep.any():
                     break
                 if not keep.all():

@@ -29,7 +29,15 @@ import torch
 from hybridrl.protocol import DataProto
 
 from .assemble import assemble_rollout
-from .base import ROLLOUT_ENGINES, EngineMemory, RolloutEngine, SamplingParams, covering_views, shaped_view
+from .base import (
+    ROLLOUT_ENGINES,
+    EngineMemory,
+    RolloutEngine,
+    SamplingParams,
+    TokenOutput,
+    covering_views,
+    shaped_view,
+)
 
 if TYPE_CHECKING:
     from hybridrl.adapters.base import WeightRegion
@@ -178,6 +186,7 @@ class VLLMRolloutEngine(RolloutEngine):
         self._fused_rows = {"qkv_proj": (hf.num_attention_heads * head_dim, kv * head_dim, kv * head_dim),
                             "gate_up_proj": (hf.intermediate_size, hf.intermediate_size)}
         self._num_experts = _num_experts(hf)
+        self._requests: Optional[Any] = None  # per-request driver (generate_tokens), made on first use
 
     @classmethod
     def from_config(cls, model_dir: str, rollout_cfg: Any, *, tp_g: int, pad_token_id: int,
@@ -210,30 +219,11 @@ class VLLMRolloutEngine(RolloutEngine):
 
     # ------------------------------------------------------------------ generation
     def generate(self, prompts: DataProto, sampling: SamplingParams) -> DataProto:
-        from vllm import SamplingParams as VSampling
-
-        if sampling.stop:
-            raise ValueError("the vLLM engine runs without a tokenizer: stop strings are not supported; "
-                             "use stop_token_ids")
         ids, mask = prompts.batch["input_ids"], prompts.batch["attention_mask"]
         token_lists = [row[m.bool()].tolist() for row, m in zip(ids.cpu(), mask.cpu())]
-        stop_ids = list(sampling.stop_token_ids) + ([] if sampling.ignore_eos else list(self.eos_token_ids))
-        params = []
-        for i in range(len(token_lists)):
-            params.append(VSampling(
-                n=sampling.n,
-                temperature=0.0 if sampling.greedy else sampling.temperature,
-                top_p=1.0 if sampling.greedy else sampling.top_p,
-                top_k=0 if (sampling.greedy or sampling.top_k <= 0) else sampling.top_k,
-                max_tokens=sampling.max_tokens,
-                stop_token_ids=stop_ids or None,
-                ignore_eos=sampling.ignore_eos,
-                detokenize=False,
-                # per-prompt seeds so prompts do not share random draws; children get seed + index
-                seed=None if sampling.seed is None else sampling.seed + i * sampling.n,
-                logprobs=0 if sampling.logprobs else None,
-                skip_special_tokens=False,
-            ))
+        # per-prompt seeds so prompts do not share random draws; children get seed + index
+        params = [self._vllm_params(sampling, None if sampling.seed is None else sampling.seed + i * sampling.n)
+                  for i in range(len(token_lists))]
         outputs = self.llm.generate([{"prompt_token_ids": t} for t in token_lists], params, use_tqdm=False)
         responses: list[list[int]] = []
         logprobs: list[list[float]] = []
@@ -257,6 +247,35 @@ class VLLMRolloutEngine(RolloutEngine):
             prompts, responses, logprobs, n=sampling.n, max_tokens=sampling.max_tokens,
             pad_token_id=self.pad_token_id, routed_experts=routed,
         )
+
+    def _vllm_params(self, sampling: SamplingParams, seed: Optional[int]) -> Any:
+        from vllm import SamplingParams as VSampling
+
+        if sampling.stop:
+            raise ValueError("the vLLM engine runs without a tokenizer: stop strings are not supported; "
+                             "use stop_token_ids")
+        stop_ids = list(sampling.stop_token_ids) + ([] if sampling.ignore_eos else list(self.eos_token_ids))
+        return VSampling(
+            n=sampling.n,
+            temperature=0.0 if sampling.greedy else sampling.temperature,
+            top_p=1.0 if sampling.greedy else sampling.top_p,
+            top_k=0 if (sampling.greedy or sampling.top_k <= 0) else sampling.top_k,
+            max_tokens=sampling.max_tokens,
+            stop_token_ids=stop_ids or None,
+            ignore_eos=sampling.ignore_eos,
+            detokenize=False,
+            seed=seed,
+            logprobs=0 if sampling.logprobs else None,
+            skip_special_tokens=False,
+        )
+
+    async def generate_tokens(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> TokenOutput:
+        """One agent-loop request (hybridrl.rollout.vllm_requests: why the synchronous engine, driven per request)."""
+        if self._requests is None:
+            from .vllm_requests import VLLMRequestDriver
+
+            self._requests = VLLMRequestDriver(self.llm.llm_engine, lambda s: self._vllm_params(s, s.seed))
+        return await self._requests.submit(prompt_ids, sampling)
 
     # ------------------------------------------------------------------ weights
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -150,6 +150,16 @@ def validation_metrics(sources: list[str], scores: list[float], n: int, lengths:
     return metrics
 
 
+def agent_metrics(tool_calls: Any, turns: Any, prefix: str = "agent") -> dict[str, float]:
+    """Whole-batch agent-loop counts from the per-sample agent_tool_calls / agent_turns (the metrics a rollout
+    reports in meta_info are one replica's); {} for single-turn batches."""
+    if tool_calls is None or len(tool_calls) == 0:
+        return {}
+    calls, turns = np.asarray(tool_calls, dtype=float), np.asarray(turns, dtype=float)
+    return {f"{prefix}/tool_calls_per_sample": float(calls.mean()), f"{prefix}/tool_call_rate": float((calls > 0).mean()),
+            f"{prefix}/turns_per_sample": float(turns.mean())}
+
+
 def first_nonfinite(metrics: dict[str, float], keys: tuple[str, ...]) -> Optional[str]:
     for k in keys:
         v = metrics.get(k)

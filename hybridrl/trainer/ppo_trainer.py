@@ -109,6 +109,8 @@ class PPOTrainer:
         prompts.meta_info.update(step=step, draw=draw, validate=False)
         out = self.actor.generate_sequences(prompts)
         out.meta_info["metrics"] = {k if "/" in k else f"rollout/{k}": v for k, v in out.meta_info["metrics"].items()}
+        out.meta_info["metrics"].update(ops.agent_metrics(out.non_tensor_batch.get("agent_tool_calls"),
+                                                          out.non_tensor_batch.get("agent_turns")))
         out.meta_info["temperature"] = self.cfg.actor_rollout_ref.rollout.temperature
         return out
 
@@ -154,7 +156,7 @@ class PPOTrainer:
         return metrics
 
     def validate(self) -> dict[str, float]:
-        sources, scores, lengths = [], [], []
+        sources, scores, lengths, tool_calls, turns = [], [], [], [], []
         extras: dict[str, list] = {}
         n = self.cfg.actor_rollout_ref.rollout.val_kwargs.n
         for prompts in self.p.val_batches():
@@ -165,10 +167,13 @@ class PPOTrainer:
             scores += result.reward_tensor.sum(-1).tolist()
             sources += list(out.non_tensor_batch[self.cfg.data.reward_fn_key])
             lengths += out.batch["response_mask"].sum(-1).tolist()
+            tool_calls += list(out.non_tensor_batch.get("agent_tool_calls", []))
+            turns += list(out.non_tensor_batch.get("agent_turns", []))
             for key, values in result.reward_extra_info.items():
                 extras.setdefault(key, []).extend(values)
             self.p.dump_generations(out, result)
-        return ops.validation_metrics(sources, scores, n, lengths, extras)
+        return {**ops.validation_metrics(sources, scores, n, lengths, extras),
+                **ops.agent_metrics(tool_calls, turns, prefix="val/agent")}
 
 
 def run_ppo(run: RunConfig) -> dict[str, Any]:

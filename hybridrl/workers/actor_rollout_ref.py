@@ -57,6 +57,7 @@ class ActorRolloutRefWorker(Worker):
         self.plan: Any = None
         self.sync_count = 0
         self.engine_memory: dict[str, int] = {}
+        self.agent: Any = None  # hybridrl.agent.AgentRollout when rollout.multi_turn.enable
 
     # ------------------------------------------------------------------ setup
     @register(Dispatch.ONE_TO_ALL)
@@ -82,6 +83,11 @@ class ActorRolloutRefWorker(Worker):
             with timed(times, "ref_build"):
                 self.ref = MegatronActor.reference(model, ara.ref, d.actor, d.ref_forward_micro_batch_per_gpu)
         tokenizer = load_tokenizer_for(self.model_dir, run)
+        if ara.rollout.multi_turn.enable:
+            from hybridrl.agent import AgentRollout
+
+            self.agent = AgentRollout.from_config(ara.rollout.multi_turn, run.cfg.data.max_response_length, tokenizer,
+                                                  run.cfg.data.apply_chat_template_kwargs)
         hf_config = self.actor.hf_config
         self.plan = ReshardPlan.from_layouts(d.actor, d.rollout, hf_config)
         self._declare_meshes()
@@ -129,7 +135,8 @@ class ActorRolloutRefWorker(Worker):
         if prompts.meta_info.get("greedy"):  # ReMax baselines: one greedy sample per prompt
             sampling = sampling.with_(n=1, do_sample=False, temperature=0.0)
         self.sync_count += 1
-        out, metrics = generate_sequences(self.sync, prompts, sampling, step=self.sync_count)
+        generate = self.agent.generate if self.agent is not None else None
+        out, metrics = generate_sequences(self.sync, prompts, sampling, step=self.sync_count, generate=generate)
         out.meta_info.update(prompts.meta_info)
         out.meta_info["metrics"] = metrics
         return out

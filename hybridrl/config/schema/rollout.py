@@ -27,6 +27,23 @@ class SyncCheckConfig:
 
 
 @dataclass(frozen=True)
+class MultiTurnConfig:
+    """Multi-turn rollouts with tools and user-side interactions (verl's rollout.multi_turn; hybridrl.agent)."""
+
+    enable: bool = doc("Run each sample through the agent loop (turns, tool calls, interactions).", False)
+    max_assistant_turns: Optional[int] = doc("Most assistant turns per sample (null: until the response budget).", None)
+    max_user_turns: Optional[int] = doc("Most interaction (user) turns per sample (null: no limit).", None)
+    max_parallel_calls: int = doc("Tool calls run per assistant turn (the rest are dropped).", 1)
+    max_tool_response_length: int = doc("Characters of one tool observation kept.", 256)
+    tool_response_truncate_side: str = doc("left | right | middle: where a long observation is cut.", "middle")
+    tool_config_path: Optional[str] = doc("verl tool file: tools: [{class_name, config, tool_schema}].", None)
+    interaction_config_path: Optional[str] = doc("verl interaction file: interaction: [{name, class_name, config}].",
+                                                 None)
+    format: str = doc("Tool-call format in the model's text: hermes (<tool_call>{json}</tool_call>).", "hermes")
+    tool_timeout_s: float = doc("Seconds a tool call may take before it becomes an error observation.", 30.0)
+
+
+@dataclass(frozen=True)
 class RolloutConfig:
     name: str = doc("auto | vllm | torch (auto: vllm on GPU, the built-in torch engine on CPU).", "auto")
     mode: str = doc("sync (the colocated hybrid engine); async is accepted and runs synchronously.", "sync")
@@ -69,6 +86,7 @@ class RolloutConfig:
                                    "match (proven against load_weights at the first sync); false: always stream.",
                                    True)
     sync_check: SyncCheckConfig = field(default_factory=SyncCheckConfig)
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     enable_rollout_routing_replay: bool = doc(
         "Mixture-of-experts models: the engine returns the experts it routed every token to (vLLM's "
         "enable_return_routed_experts); the actor then reports rollout_vs_actor/routing_agreement and "
