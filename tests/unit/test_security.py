@@ -112,6 +112,12 @@ def test_the_scan_finds_every_kind_of_unsafe_load():
     ], found
 
 
+# The one place that runs code on purpose: the Python tool's child process, after its sandbox is in place
+# (rlimits, audit hook, temp dir; tests/unit/test_agent_tools.py). Exact file and call, any other use fails.
+SANDBOX = os.path.join("hybridrl", "agent", "tools", "sandbox_child.py")
+ALLOWED = {(SANDBOX, "exec()"), (SANDBOX, "compile()")}
+
+
 def test_product_code_never_unpickles_or_evaluates():
     files = product_files()
     assert len(files) > 50 and any(f.endswith(os.path.join("adapters", "megatron", "checkpoint.py")) for f in files)
@@ -119,6 +125,7 @@ def test_product_code_never_unpickles_or_evaluates():
     for path in files:
         with open(path) as f:
             found += unsafe_calls(f.read(), os.path.relpath(path, ROOT))
+    found = [f for f in found if (f.split(":")[0], f.split(": ", 1)[1]) not in ALLOWED]
     assert not found, "unsafe loads in product code:\n  " + "\n  ".join(found)
 
 
