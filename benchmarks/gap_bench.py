@@ -102,6 +102,16 @@ def gap(a, b, mask) -> dict:
     return {"mean": float(d.mean()), "max": float(d.max())}
 
 
+def gap_table(lps: dict, mask) -> dict:
+    """Every engine's log-probs against vLLM's and against the float32 reference ({name}_vs_{ref}), each pair once."""
+    table = {}
+    for ref in ("vllm", "hf_fp32"):
+        for name, lp in lps.items():
+            if name != ref and f"{ref}_vs_{name}" not in table:
+                table[f"{name}_vs_{ref}"] = gap(lp, lps[ref], mask)
+    return table
+
+
 def main() -> None:
     import torch
     from hybrid_bench import make_prompts, start_worker
@@ -147,11 +157,7 @@ def main() -> None:
         lps["hf_bf16"] = hf_log_probs(model_dir, torch.bfloat16, device, ids, args.prompt_len, args.chunk)
     lps["hf_fp32"] = hf_log_probs(model_dir, torch.float32, device, ids, args.prompt_len, args.chunk)
 
-    table = {}
-    for ref in ("vllm", "hf_fp32"):
-        for name, lp in lps.items():
-            if name != ref and f"{ref}_vs_{name}" not in table:
-                table[f"{name}_vs_{ref}"] = gap(lp, lps[ref], mask)
+    table = gap_table(lps, mask)
     for k, v in table.items():
         print(f"{k:32s} mean {v['mean']:.5f}  max {v['max']:.4f}", flush=True)
     for k, v in routing.items():
