@@ -117,6 +117,74 @@ def summarize(run_dir: str, trainer: str) -> dict:
     return out
 
 
+def read_val_gens(run_dir: str) -> dict[int, dict[str, dict]]:
+    """{step: {input text: record}} from trainer.validation_data_dir (both trainers write verl's {step}.jsonl)."""
+    out: dict[int, dict[str, dict]] = {}
+    d = os.path.join(run_dir, "val_gens")
+    for name in sorted(os.listdir(d)) if os.path.isdir(d) else []:
+        if name.endswith(".jsonl"):
+            out[int(name[:-6])] = {r["input"]: r for r in read_rows_plain(os.path.join(d, name))}
+    return out
+
+
+def read_rows_plain(path: str) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def val_generation_check(verl_dir: str, ours_dir: str, rescore=None) -> Optional[dict]:
+    """Greedy validation before training, prompt by prompt: the same model and prompts should give (nearly) the
+    same outputs and scores on both sides. `rescore(output, gts)`: the shared reward applied to verl's outputs
+    here, which separates "different generations" from "a different reward path" when the scores disagree.
+    Also the learning-parity test: each side's val gain with its standard error (paired over prompts)."""
+    verl, ours = read_val_gens(verl_dir), read_val_gens(ours_dir)
+    if not verl or not ours:
+        return None
+    v0, o0 = verl[min(verl)], ours[min(ours)]
+    common = sorted(set(v0) & set(o0))
+    out: dict = {"prompts_verl": len(v0), "prompts_ours": len(o0), "prompts_matched": len(common)}
+    if not common:
+        return out
+    out["identical_outputs_before"] = sum(v0[k]["output"] == o0[k]["output"] for k in common) / len(common)
+    out["verl_score_before"] = statistics.fmean(float(v0[k]["score"]) for k in common)
+    out["ours_score_before"] = statistics.fmean(float(o0[k]["score"]) for k in common)
+    if rescore is not None:
+        out["verl_outputs_rescored_before"] = statistics.fmean(float(rescore(v0[k]["output"], v0[k]["gts"]))
+                                                               for k in common)
+    for side, gens in (("verl", verl), ("ours", ours)):
+        if len(gens) < 2:
+            continue
+        first, last = gens[min(gens)], gens[max(gens)]
+        keys = sorted(set(first) & set(last))
+        gains = [float(last[k]["score"]) - float(first[k]["score"]) for k in keys]
+        if len(gains) > 1:
+            out[f"{side}_val_gain"] = statistics.fmean(gains)
+            out[f"{side}_val_gain_se"] = statistics.stdev(gains) / len(gains) ** 0.5
+    if "verl_val_gain" in out and "ours_val_gain" in out:
+        se = (out["verl_val_gain_se"] ** 2 + out["ours_val_gain_se"] ** 2) ** 0.5
+        out["gain_difference"] = out["ours_val_gain"] - out["verl_val_gain"]
+        # parity: hybridrl's gain is not below verl's by more than two standard errors of the difference
+        out["learning_parity"] = out["gain_difference"] >= -2 * se
+    return out
+
+
+def shared_rescore():
+    """reward.py's compute_score on the SmolLM2 job's data source, or None where hybridrl is not importable."""
+    try:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("peer_reward", os.path.join(os.path.dirname(__file__), "reward.py"))
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    except ImportError:
+        return None
+
+    def rescore(output: str, gts) -> float:
+        r = mod.compute_score("openai/gsm8k", output, gts)
+        return r["score"] if isinstance(r, dict) else r
+    return rescore
+
+
 def compare(runs: str) -> dict:
     """{job: {"verl": summary, "ours": summary}} for the jobs whose both runs exist, plus the headline ratios."""
     table: dict = {}
@@ -128,11 +196,18 @@ def compare(runs: str) -> dict:
                 pair[trainer] = summarize(d, trainer)
             except FileNotFoundError as e:
                 pair[trainer] = {"missing": str(e)}
+        check = val_generation_check(os.path.join(runs, f"verl_{job}"), os.path.join(runs, f"ours_{job}"),
+                                     shared_rescore() if job == "smol" else None)
+        if check:
+            pair["val_generations"] = check
         table[job] = pair
     headline = {}
     for job, pair in table.items():
         v, o = pair["verl"].get("step_s"), pair["ours"].get("step_s")
         headline[RATIO_NAME[job]] = o / v if v and o else None
+        check = pair.get("val_generations") or {}
+        if "learning_parity" in check:
+            headline[f"learning_parity_{job}"] = check["learning_parity"]
     return {"headline": headline, "jobs": table}
 
 
@@ -155,6 +230,11 @@ def markdown(result: dict, device: str) -> str:
         ("val score before", "val_score_before"), ("val score after", "val_score_after"),
         ("val score gain", "val_score_gain"), ("val acc before", "val_acc_before"), ("val acc after", "val_acc_after"),
         ("train score first", "train_score_first"), ("train score last", "train_score_last")]
+    for job, pair in result["jobs"].items():
+        check = pair.get("val_generations")
+        if check:
+            lines += ["", f"Validation generations, {JOBS[job]} (greedy, prompt by prompt): "
+                      + ", ".join(f"{k} {_fmt(v)}" for k, v in check.items())]
     for job, pair in result["jobs"].items():
         lines += ["", f"## {JOBS[job]}", "", "| metric | verl (FSDP) | hybridrl (Megatron) | hybridrl / verl |",
                   "| --- | --- | --- | --- |"]

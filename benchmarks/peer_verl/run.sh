@@ -6,8 +6,11 @@
 #   verl_smol / ours_smol:  GRPO on SmolLM2-135M-Instruct + gsm_symbolic (val before and after)
 #   verl_1p5b / ours_1p5b:  5 GRPO steps on the random 1.5B model
 #   report:    report.py over the four runs -> $OUT/results/peer_verl.json + .md
+#   start RUN: one of the four runs in the background, capped at CAP seconds (default 1500): a run longer than one
+#              device call (verl's 20 SmolLM2 steps) keeps going between calls while the machine stays warm
+#   wait RUN [S]: wait up to S seconds (default 560) for it; exit 0 when it ended, 3 while it still runs
 set -u
-MODE=${1:?usage: run.sh stage|verl_smol|ours_smol|verl_1p5b|ours_1p5b|report}
+MODE=${1:?usage: run.sh stage|verl_smol|ours_smol|verl_1p5b|ours_1p5b|report|start RUN|wait RUN [S]}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/results"
 HERE=$PWD/benchmarks/peer_verl
 SMOL=/tmp/smol; M15=/tmp/m_1p5b
@@ -34,6 +37,8 @@ train() {  # train NAME TRAINER JOB MODEL: one trainer's run with the GPU memory
   local metrics=$run/metrics.jsonl cmd
   [ "$trainer" = ours ] && metrics=$run/logs/metrics.jsonl
   mapfile -t args < <(python3 "$HERE/settings.py" "$trainer" "$job" --model "$model" --out "$run" ${STEPS:+--steps $STEPS})
+  # VERL_ARGS / OURS_ARGS: diagnosis only (an override tried on one side); command.txt records it
+  if [ "$trainer" = ours ]; then args+=(${OURS_ARGS:-}); else args+=(${VERL_ARGS:-}); fi
   if [ "$trainer" = ours ]; then
     cmd=(env PYTHONPATH=$OURS_PATH VLLM_ENABLE_V1_MULTIPROCESSING=0 python3 -m hybridrl.trainer.main_ppo "${args[@]}")
   else
@@ -45,7 +50,7 @@ train() {  # train NAME TRAINER JOB MODEL: one trainer's run with the GPU memory
   local t0; t0=$(date +%s.%N)
   ( while [ ! -s "$metrics" ]; do sleep 0.5; done; date +%s.%N > "$run/first_metrics_at" ) &
   local watch=$!
-  step "$name" 570 "${cmd[@]}"
+  step "$name" "${CAP:-570}" "${cmd[@]}"
   echo "$t0" > "$run/launched_at"; date +%s.%N > "$run/ended_at"
   kill "$smi" "$watch" 2>/dev/null; wait "$smi" "$watch" 2>/dev/null
   ray_stop
@@ -74,6 +79,20 @@ print('verl:', verl.__version__, 'torch', torch.__version__, 'transformers', tra
   ours_smol) train ours_smol ours smol "$SMOL" ;;
   verl_1p5b) train verl_1p5b verl 1p5b "$M15" ;;
   ours_1p5b) train ours_1p5b ours 1p5b "$M15" ;;
+  start)
+    RUN=${2:?usage: run.sh start verl_smol|ours_smol|verl_1p5b|ours_1p5b}
+    CAP=${CAP:-1500} setsid nohup bash "$0" "$RUN" > "$OUT/$RUN.bg.log" 2>&1 < /dev/null &
+    echo $! > "$OUT/$RUN.pid"; echo "started $RUN (pid $(cat "$OUT/$RUN.pid"), cap ${CAP:-1500}s)"
+    ;;
+  wait)
+    RUN=${2:?usage: run.sh wait RUN [S]}; pid=$(cat "$OUT/$RUN.pid"); t0=$SECONDS; limit=${3:-560}
+    while kill -0 "$pid" 2>/dev/null && [ $((SECONDS - t0)) -lt "$limit" ]; do
+      sleep 15; m=$OUT/$RUN/metrics.jsonl; [ -f "$m" ] || m=$OUT/$RUN/logs/metrics.jsonl
+      echo "$RUN: $((SECONDS - t0))s, metrics lines $(wc -l < "$m" 2>/dev/null || echo 0)"
+    done
+    if kill -0 "$pid" 2>/dev/null; then echo "$RUN still running"; exit 3; fi
+    cat "$OUT/$RUN.bg.log"
+    ;;
   report)
     PYTHONPATH=$OURS_PATH python3 "$HERE/report.py" --runs "$OUT" --out "$OUT/results/peer_verl.json"
     ;;

@@ -109,6 +109,7 @@ def side(trainer: str, job: str, model: str, out: str) -> list[str]:
             f"actor_rollout_ref.model.path={model}",
             f"trainer.default_local_dir={out}",
             "trainer.logger=[console,jsonl]",
+            f"trainer.validation_data_dir={out}/val_gens",
             f"trainer.experiment_name={name}",
         ]
     if trainer == "verl":
@@ -117,6 +118,12 @@ def side(trainer: str, job: str, model: str, out: str) -> list[str]:
             "actor_rollout_ref.actor.strategy=fsdp",  # verl's default backend (its Megatron one needs TE: verl.md)
             # No flash-attn on the host (PyPI has only its sdist): torch's SDPA, as hybridrl's local spec uses.
             "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+            # Without flash-attn, verl's logprobs_from_logits falls back to logprobs_from_logits_v2, a Python loop
+            # over every token (165k per pass at this job's size: 10-40 s per phase on 135M, first lease). verl's
+            # images have flash-attn's Triton cross-entropy instead; the closest verl-native path here is its fused
+            # linear + log-prob kernel (torch backend, verl's default impl_backend), which materializes no logits.
+            "actor_rollout_ref.model.use_fused_kernels=true",
+            f"trainer.validation_data_dir={out}/val_gens",
             # verl's file logger (VERL_FILE_LOGGER_PATH, set by run.sh) writes {"step", "data"} per step.
             "trainer.logger=[console,file]",
             "trainer.project_name=peer_verl",

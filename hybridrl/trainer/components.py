@@ -21,6 +21,7 @@ from hybridrl.protocol import DataProto
 
 from .checkpoint_manager import CheckpointManager, TrainerState, find_resume_path, load_trainer_state, restore_rng_state
 from .dynamic_sampling import RolloutStream
+from .generation_dump import generation_records, write_generations
 from .metrics import compute_mfu, peak_flops_for
 from .progress import ProgressBar
 from .startup import StartupClock
@@ -184,16 +185,22 @@ class Components:
         by_uid = dict(zip(list(first), scores.tolist()))
         return torch.tensor([by_uid[u] for u in batch.non_tensor_batch["uid"]], dtype=torch.float32)
 
-    def dump_generations(self, out: DataProto, result: Any) -> None:
+    def dump_validation(self, out: DataProto, result: Any, step: int, first: bool) -> None:
+        """trainer.validation_data_dir: {step}.jsonl in verl's format; `first` starts the step's file afresh."""
         t = self.run.cfg.trainer
-        if not self.is_rank0 or not t.validation_data_dir:
-            return
-        os.makedirs(t.validation_data_dir, exist_ok=True)
-        texts = self.tokenizer.batch_decode(out.batch["responses"], skip_special_tokens=True)
-        scores = result.reward_tensor.sum(-1).tolist()
-        with open(os.path.join(t.validation_data_dir, "generations.jsonl"), "a") as f:
-            for text, score in zip(texts, scores):
-                f.write(json.dumps({"response": text, "score": score}) + "\n")
+        if self.is_rank0 and t.validation_data_dir:
+            records = generation_records(self.tokenizer, out, result.reward_tensor.sum(-1), step,
+                                         result.reward_extra_info)
+            write_generations(t.validation_data_dir, step, records, append=not first)
+
+    def dump_rollout(self, batch: DataProto, step: int) -> None:
+        """trainer.rollout_data_dir: the step's scored training samples, in verl's format."""
+        t = self.run.cfg.trainer
+        if self.is_rank0 and t.rollout_data_dir:
+            extra = {k.split("/", 1)[1]: list(v) for k, v in batch.non_tensor_batch.items()
+                     if k.startswith("reward_extra/")}
+            records = generation_records(self.tokenizer, batch, batch.batch["token_level_scores"].sum(-1), step, extra)
+            write_generations(t.rollout_data_dir, step, records)
 
     # ------------------------------------------------------------------ end
     def finish(self, final: dict[str, float]) -> None:

@@ -89,6 +89,7 @@ class PPOTrainer:
                     batch = batch.union(self.critic.compute_values(batch))
             with timed(timing, "adv"):
                 batch = self.advantages(batch, metrics)
+            self.p.dump_rollout(batch, step)
             if self.d.use_critic:
                 with timed(timing, "update_critic"):
                     metrics.update(self.checked(self.critic.update_critic(batch), CRITIC_HEALTH, step))
@@ -159,7 +160,7 @@ class PPOTrainer:
         sources, scores, lengths, tool_calls, turns = [], [], [], [], []
         extras: dict[str, list] = {}
         n = self.cfg.actor_rollout_ref.rollout.val_kwargs.n
-        for prompts in self.p.val_batches():
+        for i, prompts in enumerate(self.p.val_batches()):
             prompts.meta_info.update(step=self.global_step, validate=True)
             out = self.actor.generate_sequences(prompts)
             out.meta_info.pop("metrics", None)
@@ -171,7 +172,7 @@ class PPOTrainer:
             turns += list(out.non_tensor_batch.get("agent_turns", []))
             for key, values in result.reward_extra_info.items():
                 extras.setdefault(key, []).extend(values)
-            self.p.dump_generations(out, result)
+            self.p.dump_validation(out, result, self.global_step, first=i == 0)
         return {**ops.validation_metrics(sources, scores, n, lengths, extras),
                 **ops.agent_metrics(tool_calls, turns, prefix="val/agent")}
 

@@ -32,7 +32,8 @@ def demo(tmp_path_factory):
                 "trainer.total_training_steps=2", "trainer.test_freq=2", "trainer.save_freq=2",
                 "algorithm.adv_estimator=optimal_token_baseline", "actor_rollout_ref.actor.policy_loss.loss_mode=cispo",
                 "algorithm.rollout_correction.rollout_is=token", "actor_rollout_ref.rollout.calculate_log_probs=true",
-                "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_loss_type=k3+"])
+                "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_loss_type=k3+",
+                f"trainer.validation_data_dir={out / 'val_gens'}", f"trainer.rollout_data_dir={out / 'rollout_gens'}"])
     rows = [json.loads(line) for line in open(out / "checkpoints" / "logs" / "metrics.jsonl")]
     return {"out": out, "stdout": proc.stdout, "rows": rows}
 
@@ -58,6 +59,23 @@ def test_two_steps_log_verl_metrics_and_end_with_the_demo_line(demo):
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
     assert (ckpt / "global_step_2" / ".complete").exists()
     assert (ckpt / "logs" / "training.png").stat().st_size > 1000
+
+
+@pytest.mark.timeout(900)
+def test_generation_dumps_in_verls_format_match_the_logged_scores(demo):
+    def read(kind, step):
+        return [json.loads(line) for line in open(demo["out"] / kind / f"{step}.jsonl")]
+    val_rows = {r["step"]: r for r in demo["rows"] if "val/score" in r}
+    assert sorted(val_rows) == sorted(int(p.stem) for p in (demo["out"] / "val_gens").glob("*.jsonl"))
+    for step, logged in val_rows.items():
+        recs = read("val_gens", step)
+        assert len(recs) == 128 and {"input", "output", "gts", "score", "step", "acc"} <= set(recs[0])
+        assert all(r["step"] == step and r["gts"] is not None and r["input"] for r in recs)
+        # the dumped per-sample scores average to the logged validation score (computed on another path)
+        assert abs(sum(r["score"] for r in recs) / len(recs) - logged["val/score"]) < 1e-6
+    for logged in (r for r in demo["rows"] if "critic/score/mean" in r):
+        recs = read("rollout_gens", logged["step"])
+        assert abs(sum(r["score"] for r in recs) / len(recs) - logged["critic/score/mean"]) < 1e-6
 
 
 @pytest.mark.timeout(900)

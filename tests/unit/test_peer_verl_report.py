@@ -106,3 +106,26 @@ def test_settings_identical_on_both_sides():
         assert "actor_rollout_ref.rollout.enforce_eager=false" in shared_o
     assert "trainer.total_training_steps=7" in settings.overrides("verl", "smol", "/m", "/o", steps=7)
     assert "trainer.test_freq=7" in settings.overrides("ours", "smol", "/m", "/o", steps=7)
+
+
+def _gens(d, step, rows):
+    _write(os.path.join(d, "val_gens", f"{step}.jsonl"),
+           [{"input": i, "output": o, "gts": "4", "score": s, "step": step} for i, o, s in rows])
+
+
+def test_val_generations_compared_prompt_by_prompt(tmp_path):
+    v, o = str(tmp_path / "verl_smol"), str(tmp_path / "ours_smol")
+    # before: 3 prompts, outputs identical on 2; verl scored "#### 4" 0 (a broken reward path would look so)
+    _gens(v, 0, [("p1", "#### 4", 0.0), ("p2", "x", 0.0), ("p3", "y", 0.0)])
+    _gens(o, 0, [("p1", "#### 4", 1.0), ("p2", "x", 0.0), ("p3", "z", 0.0), ("p4", "w", 0.0)])
+    _gens(v, 2, [("p1", "", 1.0), ("p2", "", 0.0), ("p3", "", 0.0)])  # gains 1, 0, 0
+    _gens(o, 2, [("p1", "", 1.0), ("p2", "", 1.0), ("p3", "", 0.1)])  # gains 0, 1, 0.1
+    check = report.val_generation_check(v, o, rescore=lambda out, gts: float(out == f"#### {gts}"))
+    assert check["prompts_matched"] == 3 and check["prompts_ours"] == 4
+    assert check["identical_outputs_before"] == pytest.approx(2 / 3)
+    assert check["verl_score_before"] == 0.0 and check["ours_score_before"] == pytest.approx(1 / 3)
+    assert check["verl_outputs_rescored_before"] == pytest.approx(1 / 3)
+    assert check["verl_val_gain"] == pytest.approx(1 / 3) and check["ours_val_gain"] == pytest.approx(1.1 / 3)
+    # sample sd of (1, 0, 0) is sqrt(1/3); se = sd / sqrt(3) = 1/3
+    assert check["verl_val_gain_se"] == pytest.approx(1 / 3)
+    assert check["learning_parity"] is True
