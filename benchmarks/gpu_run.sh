@@ -12,8 +12,9 @@
 #   speed:  train_bench on SHAPE (1.5b) with a GSM8K-like length spread: local vs TE, padded vs packed (same lease)
 #   speed7b: train_bench on the 7B shape, TE + packed + recompute (train_mfu_7b); SPEED_ARGS adds options
 #   agent:  tests/gpu/test_agent_vllm.py, then agent_bench.py on SmolLM2-135M (multi-turn with the calculator vs
-#           single-turn, same engine and prompts) -> results/agent_loop.json, then AGENT_TIME_S seconds of GRPO with
-#           configs/agent_smollm2_calc.yaml (the agent loop inside the hybrid worker) into $OUT/agent_grpo
+#           single-turn, same engine and prompts) -> results/agent_loop.json
+#   agentgrpo: AGENT_TIME_S seconds of GRPO with configs/agent_smollm2_calc.yaml (the agent loop inside the hybrid
+#           worker) into $OUT/agent_grpo
 #   report: rollout_graphs_report.py over the runs above (graphs, warm, eager) -> results/rollout_graphs.json
 #   moe:    issue 20 in one call (~9 min): the random Qwen3-MoE moe_1b model (1.28B total, 0.49B active, 32 experts,
 #           top-4) + arithmetic data, GRPO through the real trainer with routing recorded (router replay off, then
@@ -21,7 +22,7 @@
 #           MOE_STEPS (4) steps a run, MOE_ARGS: extra trainer overrides for both runs
 #   moetest: tests/gpu/test_vllm_moe.py (tiny Qwen3-MoE: sync, follow, routing agreement, R3)
 set -u
-MODE=${1:?usage: gpu_run.sh stage|checks|bench|gap|grpo|agent|report|te|speed|speed7b|moe|moetest}
+MODE=${1:?usage: gpu_run.sh stage|checks|bench|gap|grpo|agent|agentgrpo|report|te|speed|speed7b|moe|moetest}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT/results"
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 HF_HUB_OFFLINE=1 \
@@ -73,6 +74,8 @@ trainer.default_local_dir=$OUT/grpo_$N trainer.max_time_s=$T ${GRPO_ARGS:-}"
     step test_agent_vllm 200 python3 -m pytest -q -x -s tests/gpu/test_agent_vllm.py
     S=$(python3 -c "from hybridrl.utils.hf_model import materialize_hf_dir as m; print(m('$SMOL', 'SmolLM2-135M-Instruct.Q4_1.gguf'))")
     step agent_bench 240 python3 benchmarks/agent_bench.py --model-dir "$S" --out "$OUT/results/agent_loop.json"
+    ;;
+  agentgrpo)
     CMD="python3 -m hybridrl.trainer.main_ppo --config-name agent_smollm2_calc actor_rollout_ref.model.path=$SMOL \
 trainer.default_local_dir=$OUT/agent_grpo trainer.max_time_s=${AGENT_TIME_S:-150} ${AGENT_ARGS:-}"
     step agent_grpo 280 $CMD
