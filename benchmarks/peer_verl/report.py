@@ -73,7 +73,11 @@ def summarize(run_dir: str, trainer: str) -> dict:
     metrics_path = os.path.join(run_dir, "logs", "metrics.jsonl") if trainer == "ours" else \
         os.path.join(run_dir, "metrics.jsonl")
     rows = read_rows(metrics_path)
-    train = sorted((r for r in rows if "timing_s/step" in r), key=lambda r: r["step"])
+    if os.path.exists(metrics_path + ".2"):  # run.sh's PART 2: verl resumed from its last checkpoint
+        rows += read_rows(metrics_path + ".2")
+    # a resumed run repeats the steps after its last checkpoint: the later record of a step wins
+    by_step = {r["step"]: r for r in rows if "timing_s/step" in r}
+    train = [by_step[k] for k in sorted(by_step)]
     vals = [(r, val_score(r)) for r in rows if val_score(r) is not None]
     tail = [r for r in train if r["step"] >= 2] or train
     out: dict = {"steps": len(train)}
@@ -97,6 +101,13 @@ def summarize(run_dir: str, trainer: str) -> dict:
         out["startup_s"] = first - launched - float(first_row.get("timing_s/step", 0.0) if first_row in train else 0.0)
     if launched is not None and ended is not None:
         out["wall_s"] = ended - launched
+        launched2, ended2 = (_read_float(os.path.join(run_dir, f"{n}.2")) for n in ("launched_at", "ended_at"))
+        first2 = _read_float(os.path.join(run_dir, "first_metrics_at.2"))
+        if launched2 is not None and ended2 is not None:  # the two parts' wall times; the restart's start-up
+            out["wall_s"] += ended2 - launched2
+            out["restarts"] = 1
+            if first2 is not None:
+                out["restart_startup_s"] = first2 - launched2
     startup_own = [r["timing_s/startup"] for r in rows if "timing_s/startup" in r]
     if startup_own:
         out["startup_own_s"] = float(startup_own[0])

@@ -31,10 +31,13 @@ ray_stop() {  # a run killed by its timeout can leave Ray workers holding GPU me
 smol_dir() { PYTHONPATH=$OURS_PATH python3 -c \
   "from hybridrl.utils.hf_model import materialize_hf_dir as m; print(m('$SMOL', 'SmolLM2-135M-Instruct.Q4_1.gguf'))" | tail -n 1; }  # the first call also prints a progress line
 
-train() {  # train NAME TRAINER JOB MODEL: one trainer's run with the GPU memory sampled and start-up timed
-  local name=$1 trainer=$2 job=$3 model=$4 run=$OUT/$1
-  rm -rf "$run"; mkdir -p "$run"
-  local metrics=$run/metrics.jsonl cmd
+train() {  # train NAME TRAINER JOB MODEL [PART]: one trainer's run with the GPU memory sampled and start-up timed
+  # PART 2 resumes verl from its last checkpoint in a second device call (verl's SmolLM2 run outlives one call):
+  # its metrics, times and memory samples go to *.2 files that report.py joins to the first part's.
+  local name=$1 trainer=$2 job=$3 model=$4 part=${5:-1} run=$OUT/$1 sfx=""
+  [ "$part" = 1 ] && rm -rf "$run"; [ "$part" = 1 ] || sfx=".$part"
+  mkdir -p "$run"
+  local metrics=$run/metrics.jsonl$sfx cmd
   [ "$trainer" = ours ] && metrics=$run/logs/metrics.jsonl
   mapfile -t args < <(python3 "$HERE/settings.py" "$trainer" "$job" --model "$model" --out "$run" ${STEPS:+--steps $STEPS})
   # VERL_ARGS / OURS_ARGS: diagnosis only (an override tried on one side); command.txt records it
@@ -44,14 +47,14 @@ train() {  # train NAME TRAINER JOB MODEL: one trainer's run with the GPU memory
   else
     cmd=(env PYTHONPATH=$VERL_PATH VERL_FILE_LOGGER_PATH=$metrics python3 "$HERE/launch_verl.py" "${args[@]}")
   fi
-  printf '%q ' "${cmd[@]}" > "$run/command.txt"
-  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$run/gpu_mem_mib.txt" 2>/dev/null &
+  printf '%q ' "${cmd[@]}" > "$run/command.txt$sfx"
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 >> "$run/gpu_mem_mib.txt" 2>/dev/null &
   local smi=$!
   local t0; t0=$(date +%s.%N)
-  ( while [ ! -s "$metrics" ]; do sleep 0.5; done; date +%s.%N > "$run/first_metrics_at" ) &
+  ( while [ ! -s "$metrics" ]; do sleep 0.5; done; date +%s.%N > "$run/first_metrics_at$sfx" ) &
   local watch=$!
   step "$name" "${CAP:-570}" "${cmd[@]}"
-  echo "$t0" > "$run/launched_at"; date +%s.%N > "$run/ended_at"
+  echo "$t0" > "$run/launched_at$sfx"; date +%s.%N > "$run/ended_at$sfx"
   kill "$smi" "$watch" 2>/dev/null; wait "$smi" "$watch" 2>/dev/null
   ray_stop
   echo "peak GPU memory $(sort -n "$run/gpu_mem_mib.txt" | tail -1) MiB; metrics lines $(wc -l < "$metrics" 2>/dev/null || echo 0)"
@@ -76,6 +79,10 @@ print('verl:', verl.__version__, 'torch', torch.__version__, 'transformers', tra
     nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
     ;;
   verl_smol) train verl_smol verl smol "$(smol_dir)" ;;
+  # part 1 saves every SAVE_FREQ steps; part 2 resumes from the last save without validating again first
+  verl_smol_1) VERL_ARGS="trainer.save_freq=${SAVE_FREQ:-3} ${VERL_ARGS:-}" train verl_smol verl smol "$(smol_dir)" ;;
+  verl_smol_2) VERL_ARGS="trainer.save_freq=${SAVE_FREQ:-3} trainer.resume_mode=auto trainer.val_before_train=false ${VERL_ARGS:-}" \
+                 train verl_smol verl smol "$(smol_dir)" 2 ;;
   ours_smol) train ours_smol ours smol "$SMOL" ;;
   verl_1p5b) train verl_1p5b verl 1p5b "$M15" ;;
   ours_1p5b) train ours_1p5b ours 1p5b "$M15" ;;
