@@ -57,6 +57,8 @@ train() {  # train NAME TRAINER JOB MODEL [PART]: one trainer's run with the GPU
   echo "$t0" > "$run/launched_at$sfx"; date +%s.%N > "$run/ended_at$sfx"
   kill "$smi" "$watch" 2>/dev/null; wait "$smi" "$watch" 2>/dev/null
   ray_stop
+  for _ in $(seq 30); do  # the next run starts on a GPU the killed one's workers have let go of
+    [ "$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)" -lt 2000 ] && break; sleep 1; done
   echo "peak GPU memory $(sort -n "$run/gpu_mem_mib.txt" | tail -1) MiB; metrics lines $(wc -l < "$metrics" 2>/dev/null || echo 0)"
 }
 
@@ -72,7 +74,7 @@ from verl.workers.rollout.vllm_rollout import vllm_async_server
 from verl.workers import engine_workers
 print('verl:', verl.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__, 'tokenizers', tokenizers.__version__, 'vllm', vllm.__version__, 'tensordict', tensordict.__version__, 'datasets', datasets.__version__, 'pyarrow', pyarrow.__version__, 'shims', os.environ.get('PEER_VERL_SHIMS_LOADED'))" 2>&1 | grep -v -i warn | tail -n 5
     S=$(smol_dir); echo "smol HF folder: $S"
-    [ -f "$M15/config.json" ] || step model_1p5b 300 env PYTHONPATH=$OURS_PATH python3 benchmarks/multi_gpu_bench.py model --dir "$M15" --shape 1.5b
+    [ -f "$M15/config.json" ] || [ -n "${SKIP_1P5B:-}" ] || step model_1p5b 300 env PYTHONPATH=$OURS_PATH python3 benchmarks/multi_gpu_bench.py model --dir "$M15" --shape 1.5b
     PYTHONPATH=$VERL_PATH python3 "$HERE/check_prompts.py" --model "$S" --data benchmarks/data/gsm_symbolic/test.parquet --side verl \
       --out "$OUT/prompts_verl.json" && PYTHONPATH=$OURS_PATH python3 "$HERE/check_prompts.py" --model "$S" \
       --data benchmarks/data/gsm_symbolic/test.parquet --side ours --out "$OUT/prompts_ours.json" --compare "$OUT/prompts_verl.json"
@@ -80,8 +82,8 @@ print('verl:', verl.__version__, 'torch', torch.__version__, 'transformers', tra
     ;;
   verl_smol) train verl_smol verl smol "$(smol_dir)" ;;
   # part 1 saves every SAVE_FREQ steps; part 2 resumes from the last save without validating again first
-  verl_smol_1) VERL_ARGS="trainer.save_freq=${SAVE_FREQ:-3} ${VERL_ARGS:-}" train verl_smol verl smol "$(smol_dir)" ;;
-  verl_smol_2) VERL_ARGS="trainer.save_freq=${SAVE_FREQ:-3} trainer.resume_mode=auto trainer.val_before_train=false ${VERL_ARGS:-}" \
+  verl_smol_1) VERL_ARGS="trainer.save_freq=${SAVE_FREQ:-5} ${VERL_ARGS:-}" train verl_smol verl smol "$(smol_dir)" ;;
+  verl_smol_2) VERL_ARGS="trainer.save_freq=${SAVE_FREQ:-5} trainer.resume_mode=auto trainer.val_before_train=false ${VERL_ARGS:-}" \
                  train verl_smol verl smol "$(smol_dir)" 2 ;;
   ours_smol) train ours_smol ours smol "$SMOL" ;;
   verl_1p5b) train verl_1p5b verl 1p5b "$M15" ;;
