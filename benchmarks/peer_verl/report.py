@@ -46,7 +46,8 @@ def read_rows(path: str) -> list[dict]:
 
 def val_score(rec: dict) -> Optional[float]:
     """The mean validation reward: val-core/<source>/reward/mean@1 (both trainers log it); val/score else."""
-    keys = sorted(k for k in rec if k.startswith("val-core/") and "/reward/mean@" in k)
+    # verl 0.9.1 logs the reward under val-aux/ (its val-core/ holds acc); hybridrl under val-core/
+    keys = sorted(k for k in rec if k.startswith(("val-core/", "val-aux/")) and "/reward/mean@" in k)
     if keys:
         return float(rec[keys[0]])
     return float(rec["val/score"]) if "val/score" in rec else None
@@ -75,8 +76,12 @@ def summarize(run_dir: str, trainer: str) -> dict:
     rows = read_rows(metrics_path)
     if os.path.exists(metrics_path + ".2"):  # run.sh's PART 2: verl resumed from its last checkpoint
         rows += read_rows(metrics_path + ".2")
-    # a resumed run repeats the steps after its last checkpoint: the later record of a step wins
-    by_step = {r["step"]: r for r in rows if "timing_s/step" in r}
+    # a resumed run repeats the steps after its last checkpoint: the first record of a step wins (the repeat is
+    # the restart's warm-up step, and the first part ran in the same lease as the other trainer)
+    by_step: dict = {}
+    for r in rows:
+        if "timing_s/step" in r:
+            by_step.setdefault(r["step"], r)
     train = [by_step[k] for k in sorted(by_step)]
     vals = [(r, val_score(r)) for r in rows if val_score(r) is not None]
     tail = [r for r in train if r["step"] >= 2] or train
@@ -160,8 +165,10 @@ def val_generation_check(verl_dir: str, ours_dir: str, rescore=None) -> Optional
     out["verl_score_before"] = statistics.fmean(float(v0[k]["score"]) for k in common)
     out["ours_score_before"] = statistics.fmean(float(o0[k]["score"]) for k in common)
     if rescore is not None:
-        out["verl_outputs_rescored_before"] = statistics.fmean(float(rescore(v0[k]["output"], v0[k]["gts"]))
-                                                               for k in common)
+        rescored = [float(rescore(v0[k]["output"], v0[k]["gts"])) for k in common]
+        out["verl_outputs_rescored_before"] = statistics.fmean(rescored)
+        # verl's own score of each output against the shared reward's: False means verl ran another reward
+        out["reward_paths_agree"] = all(abs(a - float(v0[k]["score"])) < 1e-6 for a, k in zip(rescored, common))
     for side, gens in (("verl", verl), ("ours", ours)):
         if len(gens) < 2:
             continue
@@ -217,7 +224,7 @@ def compare(runs: str) -> dict:
         v, o = pair["verl"].get("step_s"), pair["ours"].get("step_s")
         headline[RATIO_NAME[job]] = o / v if v and o else None
         check = pair.get("val_generations") or {}
-        if "learning_parity" in check:
+        if "learning_parity" in check and check.get("reward_paths_agree", True):
             headline[f"learning_parity_{job}"] = check["learning_parity"]
     return {"headline": headline, "jobs": table}
 
@@ -246,6 +253,9 @@ def markdown(result: dict, device: str) -> str:
         if check:
             lines += ["", f"Validation generations, {JOBS[job]} (greedy, prompt by prompt): "
                       + ", ".join(f"{k} {_fmt(v)}" for k, v in check.items())]
+            if check.get("reward_paths_agree") is False:
+                lines += ["", "**The two trainers did not use the same reward**: verl's scores of its own outputs "
+                          "differ from the shared reward function's, so the learning comparison is not valid."]
     for job, pair in result["jobs"].items():
         lines += ["", f"## {JOBS[job]}", "", "| metric | verl (FSDP) | hybridrl (Megatron) | hybridrl / verl |",
                   "| --- | --- | --- | --- |"]

@@ -6,11 +6,9 @@
 #   verl_smol / ours_smol:  GRPO on SmolLM2-135M-Instruct + gsm_symbolic (val before and after)
 #   verl_1p5b / ours_1p5b:  5 GRPO steps on the random 1.5B model
 #   report:    report.py over the four runs -> $OUT/results/peer_verl.json + .md
-#   start RUN: one of the four runs in the background, capped at CAP seconds (default 1500): a run longer than one
-#              device call (verl's 20 SmolLM2 steps) keeps going between calls while the machine stays warm
-#   wait RUN [S]: wait up to S seconds (default 560) for it; exit 0 when it ended, 3 while it still runs
+#   verl_smol_1 / verl_smol_2: verl's SmolLM2 run in two calls of one lease (README.md: two device calls)
 set -u
-MODE=${1:?usage: run.sh stage|verl_smol|ours_smol|verl_1p5b|ours_1p5b|report|start RUN|wait RUN [S]}
+MODE=${1:?usage: run.sh stage|verl_smol|ours_smol|verl_1p5b|ours_1p5b|report|verl_smol_1|verl_smol_2}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/results"
 HERE=$PWD/benchmarks/peer_verl
 SMOL=/tmp/smol; M15=/tmp/m_1p5b
@@ -88,20 +86,6 @@ print('verl:', verl.__version__, 'torch', torch.__version__, 'transformers', tra
   ours_smol) train ours_smol ours smol "$SMOL" ;;
   verl_1p5b) train verl_1p5b verl 1p5b "$M15" ;;
   ours_1p5b) train ours_1p5b ours 1p5b "$M15" ;;
-  start)
-    RUN=${2:?usage: run.sh start verl_smol|ours_smol|verl_1p5b|ours_1p5b}
-    CAP=${CAP:-1500} setsid nohup bash "$0" "$RUN" > "$OUT/$RUN.bg.log" 2>&1 < /dev/null &
-    echo $! > "$OUT/$RUN.pid"; echo "started $RUN (pid $(cat "$OUT/$RUN.pid"), cap ${CAP:-1500}s)"
-    ;;
-  wait)
-    RUN=${2:?usage: run.sh wait RUN [S]}; pid=$(cat "$OUT/$RUN.pid"); t0=$SECONDS; limit=${3:-560}
-    while kill -0 "$pid" 2>/dev/null && [ $((SECONDS - t0)) -lt "$limit" ]; do
-      sleep 15; m=$OUT/$RUN/metrics.jsonl; [ -f "$m" ] || m=$OUT/$RUN/logs/metrics.jsonl
-      echo "$RUN: $((SECONDS - t0))s, metrics lines $(wc -l < "$m" 2>/dev/null || echo 0)"
-    done
-    if kill -0 "$pid" 2>/dev/null; then echo "$RUN still running"; exit 3; fi
-    cat "$OUT/$RUN.bg.log"
-    ;;
   report)
     PYTHONPATH=$OURS_PATH python3 "$HERE/report.py" --runs "$OUT" --out "$OUT/results/peer_verl.json"
     ;;

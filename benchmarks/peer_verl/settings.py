@@ -90,8 +90,10 @@ SHARED: dict[str, object] = {
     "actor_rollout_ref.rollout.val_kwargs.temperature": 0,
     "actor_rollout_ref.rollout.val_kwargs.do_sample": False,
     "actor_rollout_ref.rollout.val_kwargs.n": 1,
-    "custom_reward_function.path": REWARD,
-    "custom_reward_function.name": "compute_score",
+    # verl 0.9.1's main_ppo reads the reward function only from reward.custom_reward_function and silently ignores
+    # the older top-level custom_reward_function (the first leases ran verl's built-in gsm8k scorer that way).
+    "reward.custom_reward_function.path": REWARD,
+    "reward.custom_reward_function.name": "compute_score",
     "trainer.nnodes": 1,
     "trainer.n_gpus_per_node": 1,
     "trainer.total_epochs": 1,

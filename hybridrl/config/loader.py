@@ -40,6 +40,35 @@ RENAMED = {
 }
 
 
+# verl 0.9 moved some keys under `reward.`; its 0.9.1 main_ppo reads only the new place and silently ignores the old
+# one. Both spellings land on the same field here; setting both to different values is an error.
+ALIASES = {"reward.custom_reward_function": "custom_reward_function"}
+
+
+def canonical_key(key: str) -> str:
+    for new, old in ALIASES.items():
+        if key == new or key.startswith(new + "."):
+            return old + key[len(new):]
+    return key
+
+
+def fold_aliases(data: dict, where: str) -> dict:
+    """A YAML mapping with verl 0.9's `reward.custom_reward_function:` moved to its one field."""
+    reward = data.get("reward")
+    if not isinstance(reward, dict) or "custom_reward_function" not in reward:
+        return data
+    data = {**data, "reward": {k: v for k, v in reward.items() if k != "custom_reward_function"}}
+    if not data["reward"]:
+        del data["reward"]
+    moved, old = reward["custom_reward_function"] or {}, data.get("custom_reward_function") or {}
+    clash = {k for k in moved.keys() & old.keys() if moved[k] != old[k]}
+    if clash:
+        raise ConfigError(f"{where}: reward.custom_reward_function and custom_reward_function disagree on "
+                          f"{sorted(clash)}; they are one setting here: keep one")
+    data["custom_reward_function"] = {**old, **moved}
+    return data
+
+
 class ConfigError(ValueError):
     """A user-facing config mistake; the message names the key and the fix."""
 
@@ -191,7 +220,7 @@ def load_yaml(path: str, _seen: Optional[set] = None) -> dict:
         if not os.path.isfile(sub):
             sub = os.path.join(CONFIG_DIR, f"{name}.yaml")
         tree = _deep_update(tree, load_yaml(sub, _seen | {path}))
-    return _deep_update(tree, data)
+    return _deep_update(tree, fold_aliases(data, path))
 
 
 def _deep_update(base: dict, update: dict) -> dict:
@@ -237,7 +266,7 @@ def apply_overrides(tree: dict, overrides: Iterable[str], schema: type = PPOConf
         key, text = raw.split("=", 1)
         force = key.startswith("++")
         add = key.startswith("+")
-        key = key.lstrip("+")
+        key = canonical_key(key.lstrip("+"))
         path = key.split(".")
         if not key or any(not p for p in path):
             raise ConfigError(f"override {raw!r}: malformed key {key!r}")

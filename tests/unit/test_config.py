@@ -270,3 +270,18 @@ def test_override_transformer_config_is_checked_before_any_worker_starts():
     assert f"{ara}.attention_backend='flash3' is not one of auto, flash, fused, local, unfused; did you mean flash?" in msg
     assert ("critic.megatron.override_transformer_config.recompute_granularty is not a megatron TransformerConfig "
             "field; did you mean recompute_granularity?") in msg
+
+
+def test_verl_091_reward_custom_reward_function_is_the_same_setting(tmp_path):
+    # verl 0.9.1's main_ppo reads only reward.custom_reward_function (the old top-level key is silently ignored
+    # there); both spellings set one field here, from the command line and from YAML.
+    cli = load_config(["reward.custom_reward_function.path=r.py", "reward.custom_reward_function.name=f"])
+    assert (cli.custom_reward_function.path, cli.custom_reward_function.name) == ("r.py", "f")
+    cfg_file = tmp_path / "job.yaml"
+    cfg_file.write_text("defaults:\n  - ppo_trainer\n  - _self_\nreward:\n  custom_reward_function:\n    path: y.py\n")
+    assert load_config([], config_name="job", config_path=str(tmp_path)).custom_reward_function.path == "y.py"
+    cfg_file.write_text("reward:\n  custom_reward_function:\n    path: y.py\ncustom_reward_function:\n  path: z.py\n")
+    with pytest.raises(ConfigError, match="disagree on \\['path'\\]"):
+        load_config([], config_name="job", config_path=str(tmp_path))
+    with pytest.raises(ConfigError, match="unknown key reward.num_workers"):
+        load_config(["reward.num_workers=4"])

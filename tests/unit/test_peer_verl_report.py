@@ -125,7 +125,22 @@ def test_val_generations_compared_prompt_by_prompt(tmp_path):
     assert check["identical_outputs_before"] == pytest.approx(2 / 3)
     assert check["verl_score_before"] == 0.0 and check["ours_score_before"] == pytest.approx(1 / 3)
     assert check["verl_outputs_rescored_before"] == pytest.approx(1 / 3)
+    assert check["reward_paths_agree"] is False  # verl gave "#### 4" 0 where the shared reward gives 1
     assert check["verl_val_gain"] == pytest.approx(1 / 3) and check["ours_val_gain"] == pytest.approx(1.1 / 3)
     # sample sd of (1, 0, 0) is sqrt(1/3); se = sd / sqrt(3) = 1/3
     assert check["verl_val_gain_se"] == pytest.approx(1 / 3)
     assert check["learning_parity"] is True
+
+
+def test_resumed_verl_run_joins_its_parts_and_keeps_the_first_record_of_a_step(runs):
+    d = runs / "verl_smol"
+    # part 2 resumed from step 2's checkpoint: its step 3 repeats (a restart warm-up of 60 s), step 4 is new
+    _write(str(d / "metrics.jsonl.2"), [_verl_step(3, 60.0, 1.0, 0.1), _verl_step(4, 8.0, 1.0, 0.1),
+                                         {"step": 4, "data": {"val-aux/openai/gsm8k/reward/mean@1": 0.2}}])
+    for name, v in (("launched_at.2", 1000.0), ("first_metrics_at.2", 1100.0), ("ended_at.2", 1150.0)):
+        (d / name).write_text(f"{v}\n")
+    v = report.summarize(str(d), "verl")
+    assert v["steps"] == 4 and v["step_s"] == pytest.approx(6.0)  # steps 2..4: 4, 6 (first record), 8
+    assert v["val_score_after"] == pytest.approx(0.2)  # verl 0.9.1's val-aux reward key
+    assert v["wall_s"] == pytest.approx(200.0 + 150.0) and v["restarts"] == 1
+    assert v["restart_startup_s"] == pytest.approx(100.0)
