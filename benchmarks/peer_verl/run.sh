@@ -6,9 +6,9 @@
 #   verl_smol / ours_smol:  GRPO on SmolLM2-135M-Instruct + gsm_symbolic (val before and after)
 #   verl_1p5b / ours_1p5b:  5 GRPO steps on the random 1.5B model
 #   report:    report.py over the four runs -> $OUT/results/peer_verl.json + .md
-#   verl_smol_1 / verl_smol_2: verl's SmolLM2 run in two calls of one lease (README.md: two device calls)
+#   verl_JOB_1 / verl_JOB_2 (JOB smol or 1p5b): verl's run in two calls of one lease (README.md: two device calls)
 set -u
-MODE=${1:?usage: run.sh stage|verl_smol|ours_smol|verl_1p5b|ours_1p5b|report|verl_smol_1|verl_smol_2}
+MODE=${1:?usage: run.sh stage|verl_smol|ours_smol|verl_1p5b|ours_1p5b|report|verl_{smol,1p5b}_{1,2}}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/results"
 HERE=$PWD/benchmarks/peer_verl
 SMOL=/tmp/smol; M15=/tmp/m_1p5b
@@ -79,11 +79,13 @@ print('verl:', verl.__version__, 'torch', torch.__version__, 'transformers', tra
     nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
     ;;
   verl_smol) train verl_smol verl smol "$(smol_dir)" ;;
-  # part 1 saves every SAVE_FREQ steps; part 2 resumes from the last save without validating again first
-  verl_smol_1) VERL_ARGS="trainer.save_freq=${SAVE_FREQ:-5} ${VERL_ARGS:-}" train verl_smol verl smol "$(smol_dir)" ;;
-  verl_smol_2) VERL_ARGS="trainer.save_freq=${SAVE_FREQ:-5} trainer.resume_mode=auto trainer.val_before_train=false ${VERL_ARGS:-}" \
-                 train verl_smol verl smol "$(smol_dir)" 2 ;;
-  ours_smol) train ours_smol ours smol "$SMOL" ;;
+  # verl in two calls of one lease: part 1 saves every SAVE_FREQ steps and stops at its cap; part 2 resumes from
+  # the last save without validating again first
+  verl_smol_1|verl_1p5b_1|verl_smol_2|verl_1p5b_2)
+    job=${MODE#verl_}; part=${job##*_}; job=${job%_*}; model=$M15; [ "$job" = smol ] && model=$(smol_dir)
+    extra="trainer.save_freq=${SAVE_FREQ:-5}"
+    [ "$part" = 2 ] && extra="$extra trainer.resume_mode=auto trainer.val_before_train=false"
+    VERL_ARGS="$extra ${VERL_ARGS:-}" train "verl_$job" verl "$job" "$model" "$part" ;;
   verl_1p5b) train verl_1p5b verl 1p5b "$M15" ;;
   ours_1p5b) train ours_1p5b ours 1p5b "$M15" ;;
   report)
