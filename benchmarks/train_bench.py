@@ -71,6 +71,9 @@ def parse() -> argparse.Namespace:
     p.add_argument("--recompute", action="store_true", help="full activation recomputation (enable_gradient_checkpointing)")
     p.add_argument("--fp8", default=None, choices=["e4m3", "hybrid"], help="override_transformer_config.fp8 (TE only)")
     p.add_argument("--fp8-recipe", default=None, choices=["delayed", "tensorwise", "mxfp8", "blockwise"])
+    p.add_argument("--override-transformer-config", default="{}",
+                   help="JSON merged into megatron.override_transformer_config (e.g. {\"apply_rope_fusion\": true, "
+                        "\"gradient_accumulation_fusion\": true} with TE, the candidates for the MFU gap)")
     p.add_argument("--skip-offload", action="store_true", help="do not measure offload/onload (big shapes)")
     p.add_argument("--override-optimizer-config", default="{}",
                    help="JSON merged into actor.optim.override_optimizer_config (e.g. megatron's optimizer CPU offload)")
@@ -168,6 +171,7 @@ def build_actor(hf_dir: str, args: argparse.Namespace):
     parallel.init_megatron(layout, seed=1)
     overrides = {"attention_backend": args.attention_backend}
     overrides.update({k: v for k, v in (("fp8", args.fp8), ("fp8_recipe", args.fp8_recipe)) if v})
+    overrides.update(json.loads(args.override_transformer_config))
     dynamic = args.dynamic_tokens is not None
     cfg = ActorConfig(ppo_mini_batch_size=args.samples, ppo_micro_batch_size_per_gpu=None if dynamic else args.micro,
                       use_dynamic_bsz=dynamic, ppo_max_token_len_per_gpu=args.dynamic_tokens or 16384,
@@ -271,7 +275,7 @@ def main() -> None:
         "setup": {"samples": args.samples, "prompt": args.prompt, "response": args.response, "micro": args.micro,
                   "shape": args.shape, "lengths": args.lengths, "packed": args.packed, "transformer_impl": impl,
                   "dynamic_tokens": args.dynamic_tokens, "recompute": args.recompute, "fp8": args.fp8,
-                  "fp8_recipe": args.fp8_recipe,
+                  "fp8_recipe": args.fp8_recipe, "override_transformer_config": json.loads(args.override_transformer_config),
                   "model": f"Qwen2.5-{args.shape} shape, random bf16" if not args.model_dir else args.model_dir,
                   "layout": f"tp=1 pp=1 dp=1, distributed optimizer, {impl} layer spec",
                   "attention_backend": args.attention_backend,
