@@ -12,14 +12,13 @@ when an appended turn would leave no room for another assistant token (it is the
 
 Tools never fail the step: a call that does not parse, names an unknown tool, raises, or runs past
 tool_timeout_s becomes an "Error: ..." observation and counts as a tool error. Each call runs in its own
-thread with its own event loop, so a tool that blocks (not just one that awaits forever) is cut off too;
-such a thread is left to finish on its own (`AgentLoop.pool` bounds how many may pile up).
+thread with its own event loop (tool_runner.py), so a tool that blocks (not just one that awaits forever) is
+cut off too, and a stuck one never keeps the process from exiting.
 """
 from __future__ import annotations
 
 import asyncio
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Optional, Sequence
 
@@ -29,6 +28,7 @@ from hybridrl.rollout.sampling import row_seed
 from .chat import ChatTurns
 from .interaction import BaseInteraction
 from .parser import ToolCall, get_parser
+from .tool_runner import ToolRunner
 from .tools.base import BaseTool
 
 TRUNCATE_SIDES = ("left", "right", "middle")
@@ -91,7 +91,7 @@ class AgentLoop:
         self.interactions = interactions
         self.parse = get_parser(settings.format)
         self.chat = ChatTurns(tokenizer, chat_kwargs)
-        self.pool = ThreadPoolExecutor(max_tool_threads, thread_name_prefix="agent-tool")
+        self.tool_runner = ToolRunner(max_tool_threads)
 
     async def run(self, engine: RolloutEngine, sampling: SamplingParams, inputs: SampleInputs) -> Trajectory:
         t = Trajectory()
@@ -183,8 +183,7 @@ class AgentLoop:
 
     async def _in_thread(self, coro: Awaitable) -> Any:
         """Run a tool's coroutine on its own thread and event loop, at most tool_timeout_s."""
-        future = asyncio.get_running_loop().run_in_executor(self.pool, asyncio.run, coro)
-        return await asyncio.wait_for(future, self.s.tool_timeout_s)
+        return await self.tool_runner.run(coro, self.s.tool_timeout_s)
 
     async def _guarded(self, coro: Awaitable, what: str) -> Any:
         try:
