@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from .algorithm_checks import AlgorithmPlan, check_algorithm
+from .placement import Placement, check_placement
 from .problems import Problems as _Problems
 from .problems import choices as _choices
 from .problems import did_you_mean as _did_you_mean
@@ -109,6 +110,7 @@ class Derived:
     critic: Optional[ParallelLayout]
     critic_batch: Optional[BatchPlan]
     algorithm: Optional[AlgorithmPlan] = None  # None only in Derived objects built by hand (tests)
+    placement: Placement = field(default_factory=Placement)
     notes: tuple[str, ...] = field(default_factory=tuple)
 
 
@@ -127,13 +129,15 @@ class RunConfig:
             f"actor layout: tp={a.tp} pp={a.pp} cp={a.cp} dp={a.dp} vpp={a.vpp} sp={a.sequence_parallel} dtype={a.dtype}"
             + (f" ep={a.ep} etp={a.expert_tp} expert_dp={a.expert_dp}" if a.ep > 1 or a.etp else ""),
             f"rollout: {d.rollout.engine} tp_g={d.rollout.tp} dp_g={d.rollout.dp} n={d.rollout.n}",
+            *([d.placement.describe()] if d.placement.split else []),
             f"batch: {c.data.train_batch_size} prompts x n={d.rollout.n} = {b.samples_per_step} samples/step; "
             f"{b.mini_batches_per_epoch} mini-batch(es) of {b.mini_batch_samples} samples x {b.ppo_epochs} epoch(s) "
             f"= {b.optimizer_steps_per_step} optimizer step(s)/step",
             f"per dp rank: {b.mini_batch_per_dp} samples/mini-batch, "
             + (f"dynamic micro-batches <= {b.max_token_len_per_gpu} tokens" if b.use_dynamic_bsz
                else f"micro-batch {b.micro_batch_per_gpu} -> grad accumulation {b.grad_accum}"),
-            f"roles: actor+rollout{'+ref' if d.use_reference else ''}{'+critic' if d.use_critic else ''} colocated",
+            f"roles: actor{'' if d.placement.split else '+rollout'}{'+ref' if d.use_reference else ''}"
+            f"{'+critic' if d.use_critic else ''} colocated" + (" (rollout apart)" if d.placement.split else ""),
         ]
         if d.algorithm is not None:
             lines.append(f"algorithm: {d.algorithm.describe()}")
@@ -253,8 +257,11 @@ def _same_layout(key: str, m: MegatronConfig, actor: MegatronConfig, p: _Problem
                 f"processes and megatron-core keeps one layout per process; remove the override or make them equal")
 
 
-def _rollout(cfg: PPOConfig, device: str, world: int, p: _Problems) -> RolloutLayout:
+def _rollout(cfg: PPOConfig, device: str, world: int, p: _Problems, placement: Placement) -> RolloutLayout:
+    """`world`: the actor's ranks; a split placement's replicas live on the rollout's own ranks instead."""
     r, key = cfg.actor_rollout_ref.rollout, f"{ARA}.rollout"
+    if placement.split:
+        world = placement.rollout_world
     engine = r.name
     _choices(f"{key}.name", engine, ["auto", "vllm", "torch", "hf"], p)
     if engine == "auto":
@@ -269,9 +276,10 @@ def _rollout(cfg: PPOConfig, device: str, world: int, p: _Problems) -> RolloutLa
         dp_g = world // tp_g
     else:
         dp_g = 1
-    p.check(tp_g <= cfg.trainer.n_gpus_per_node,
-            f"{key}.tensor_model_parallel_size={tp_g} is larger than trainer.n_gpus_per_node={cfg.trainer.n_gpus_per_node}: "
-            f"a colocated rollout replica must fit in one node; use at most {cfg.trainer.n_gpus_per_node}")
+    per_node, per_node_key = ((placement.rollout_gpus_per_node, f"{key}.n_gpus_per_node") if placement.split
+                              else (cfg.trainer.n_gpus_per_node, "trainer.n_gpus_per_node"))
+    p.check(tp_g <= per_node, f"{key}.tensor_model_parallel_size={tp_g} is larger than {per_node_key}={per_node}: "
+                              f"a rollout replica must fit in one node; use at most {per_node}")
     p.check(r.pipeline_model_parallel_size == 1, f"{key}.pipeline_model_parallel_size must be 1 (the rollout engine is not pipelined)")
     p.check(r.data_parallel_size in (1, dp_g),
             f"{key}.data_parallel_size={r.data_parallel_size}: the rollout replicas are world/tp_g = {dp_g}; leave it at 1")
@@ -293,7 +301,8 @@ def _rollout(cfg: PPOConfig, device: str, world: int, p: _Problems) -> RolloutLa
     p.check(r.max_model_len is None or r.max_model_len >= total,
             f"{key}.max_model_len={r.max_model_len} is below data.max_prompt_length + data.max_response_length = {total}")
     if r.mode == "async":
-        p.notes.append(f"{key}.mode=async: the colocated hybrid engine generates synchronously")
+        p.notes.append(f"{key}.mode=async: each replica generates its batch in one call (per-request generation "
+                       f"runs with {key}.multi_turn; overlap with training: trainer.one_step_off_policy)")
     else:
         _choices(f"{key}.mode", r.mode, ["sync", "async"], p)
     return RolloutLayout(engine, tp_g, dp_g, max(r.n, 1))
@@ -406,7 +415,6 @@ def _check_actor(cfg: PPOConfig, p: _Problems) -> None:
             f"{ARA}.rollout.enable_rollout_routing_replay=true with {ARA}.model.use_remove_padding=true is not supported "
             "yet (routing agreement and replay map the rollout's experts onto padded micro-batches); set "
             f"{ARA}.model.use_remove_padding=false")
-    p.check(cfg.actor_rollout_ref.hybrid_engine, f"{ARA}.hybrid_engine=false: hybridrl always colocates rollout and training")
     for role, optim in ((f"{key}.optim", actor.optim), ("critic.optim", cfg.critic.optim)):
         p.check(optim.lr >= 0, f"{role}.lr={optim.lr} must be >= 0")
         p.check(0 <= optim.lr_warmup_steps_ratio <= 1, f"{role}.lr_warmup_steps_ratio must be in [0, 1]")
@@ -488,9 +496,10 @@ def _no_effect_notes(cfg: PPOConfig, p: _Problems) -> None:
 
 # ---------------------------------------------------------------------------------------------- entry
 def validate(cfg: PPOConfig, cuda_available: Optional[Callable[[], bool]] = None,
-             te_available: Optional[Callable[[], bool]] = None) -> RunConfig:
+             te_available: Optional[Callable[[], bool]] = None,
+             gpu_count: Optional[Callable[[], int]] = None) -> RunConfig:
     """Check `cfg` and derive all sizes. Raises ConfigError listing every problem.
-    `cuda_available` / `te_available` (whether transformer_engine imports) default to this machine's."""
+    `cuda_available` / `te_available` (whether transformer_engine imports) / `gpu_count` default to this machine's."""
     if cuda_available is None:
         def cuda_available() -> bool:
             import torch
@@ -505,7 +514,8 @@ def validate(cfg: PPOConfig, cuda_available: Optional[Callable[[], bool]] = None
     world = max(cfg.trainer.nnodes, 1) * max(cfg.trainer.n_gpus_per_node, 1)
     ara = cfg.actor_rollout_ref
     actor = _layout(f"{ARA}.actor.megatron", ara.actor.megatron, world, device, p)
-    rollout = _rollout(cfg, device, world, p)
+    placement = check_placement(cfg, device, p, gpu_count)
+    rollout = _rollout(cfg, device, world, p, placement)
     _check_multi_turn(cfg, rollout, p)
     _check_data(cfg, p)
     _check_actor(cfg, p)
@@ -563,7 +573,8 @@ def validate(cfg: PPOConfig, cuda_available: Optional[Callable[[], bool]] = None
     derived = Derived(
         device=device, world_size=world, actor=actor, rollout=rollout, actor_batch=actor_batch,
         ref_forward_micro_batch_per_gpu=ref_micro, use_reference=use_reference, use_critic=use_critic,
-        critic=critic_layout, critic_batch=critic_batch, algorithm=algorithm, notes=tuple(p.notes),
+        critic=critic_layout, critic_batch=critic_batch, algorithm=algorithm, placement=placement,
+        notes=tuple(p.notes),
     )
     return RunConfig(cfg, derived)
 

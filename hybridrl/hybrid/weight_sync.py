@@ -251,12 +251,19 @@ def generate_sequences(sync: WeightSync, prompts: DataProto, sampling: SamplingP
     metrics it leaves in meta_info["metrics"] join the step's.
     """
     with sync.rollout_phase(step) as metrics:
-        start = time.perf_counter()
-        out = generate(sync.engine, prompts, sampling) if generate is not None else sync.engine.generate(prompts, sampling)
-        metrics["timing_s/generate"] = time.perf_counter() - start
-        metrics.update(out.meta_info.pop("metrics", {}))
-        mask = out.batch["response_mask"]
-        metrics["rollout/response_length_mean"] = float(mask.sum(-1).float().mean()) if len(out) else 0.0
-        metrics["rollout/tokens"] = float(mask.sum())
+        out, generated = generate_batch(sync.engine, prompts, sampling, generate)
+        metrics.update(generated)
     return out, metrics
 
+
+def generate_batch(engine: RolloutEngine, prompts: DataProto, sampling: SamplingParams,
+                   generate: Optional[Callable[[RolloutEngine, DataProto, SamplingParams], DataProto]] = None
+                   ) -> tuple[DataProto, dict[str, float]]:
+    """Generate on weights already in the engine (the split placement's rollout worker calls it directly)."""
+    start = time.perf_counter()
+    out = generate(engine, prompts, sampling) if generate is not None else engine.generate(prompts, sampling)
+    metrics = {"timing_s/generate": time.perf_counter() - start, **out.meta_info.pop("metrics", {})}
+    mask = out.batch["response_mask"]
+    metrics["rollout/response_length_mean"] = float(mask.sum(-1).float().mean()) if len(out) else 0.0
+    metrics["rollout/tokens"] = float(mask.sum())
+    return out, metrics

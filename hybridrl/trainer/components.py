@@ -21,8 +21,10 @@ from hybridrl.protocol import DataProto
 
 from .checkpoint_manager import CheckpointManager, TrainerState, find_resume_path, load_trainer_state, restore_rng_state
 from .dynamic_sampling import RolloutStream
+from .generation import ColocatedGeneration, SplitGeneration
 from .generation_dump import generation_records, write_generations
 from .metrics import compute_mfu, peak_flops_for
+from .one_step_off import OneStepOffStream
 from .progress import ProgressBar
 from .startup import StartupClock
 from .tracking import Tracker
@@ -39,6 +41,8 @@ class Components:
     val_reward_fn: Any
     actor_group: Any
     critic_group: Optional[Any]
+    generation: Any  # generation.py: ColocatedGeneration, or SplitGeneration over rollout_group
+    rollout_group: Optional[Any]  # split placement: the rollout's own workers
     tracker: Any
     ckpt: CheckpointManager
     progress: ProgressBar
@@ -78,7 +82,10 @@ class Components:
                            reward_fn_key=cfg.data.reward_fn_key, num_examine=examine),
             cfg.reward_model.overlong_buffer, cfg.data.max_response_length) for examine in (0, t.log_val_generations))
         clock.lap("data")
-        actor, critic, rank0 = _spawn_groups(run, model_dir, total, max_rollout_rows(run, len(val)), clock)
+        actor, critic, rollout, rank0 = _spawn_groups(run, model_dir, total, max_rollout_rows(run, len(val)), clock)
+        generation = ColocatedGeneration(actor) if rollout is None else SplitGeneration.connect(actor, rollout)
+        if rollout is not None:
+            clock.lap("weight_broadcast")
         print(_startup_report(run, model_dir, len(train), len(val), train, total), flush=True)
         loggers = list(t.logger) + (["jsonl"] if t.plot and "jsonl" not in t.logger else [])
         tracker = Tracker(loggers if rank0 else [], t.project_name, t.experiment_name, to_dict(cfg),
@@ -86,7 +93,8 @@ class Components:
         kc = cfg.algorithm.kl_ctrl
         return cls(
             run=run, model_dir=model_dir, tokenizer=tokenizer, train_loader=train_loader, val_loader=val_loader,
-            reward_fn=reward, val_reward_fn=val_reward, actor_group=actor, critic_group=critic, tracker=tracker,
+            reward_fn=reward, val_reward_fn=val_reward, actor_group=actor, critic_group=critic,
+            generation=generation, rollout_group=rollout, tracker=tracker,
             ckpt=CheckpointManager.from_config(t, cfg), progress=ProgressBar.from_config(t, total) if rank0 else
             ProgressBar(total, enabled=False),
             kl_ctrl=build_kl_controller(kc.type, kc.kl_coef, kc.target_kl, kc.horizon),
@@ -99,11 +107,17 @@ class Components:
 
     # ------------------------------------------------------------------ data
     def rollouts(self, done_steps: int, generate: Callable[[DataProto, int, int], DataProto],
-                 score: Callable[[DataProto], DataProto]) -> RolloutStream:
-        """One generated and scored batch per remaining step (dynamic_sampling.py: DAPO's filter when on)."""
+                 score: Callable[[DataProto], DataProto], start: Callable[[DataProto, int], Any],
+                 finish: Callable[[Any], DataProto]) -> "RolloutStream | OneStepOffStream":
+        """One generated and scored batch per remaining step (dynamic_sampling.py: DAPO's filter when on;
+        one_step_off.py: generated one step ahead, with trainer.one_step_off_policy)."""
+        steps = max(self.total_steps - done_steps, 0)
+        if self.run.derived.placement.one_step_off:
+            return OneStepOffStream(self.prompt_batches(), start, finish, score, start_step=done_steps, steps=steps,
+                                    snapshot=self.train_loader.state_dict)
         fg = self.run.cfg.algorithm.filter_groups
         return RolloutStream(self.prompt_batches(), generate, score, start_step=done_steps,
-                             steps=max(self.total_steps - done_steps, 0),
+                             steps=steps,
                              train_batch_size=self.run.cfg.data.train_batch_size,
                              filter_metric=fg.metric if fg.enable else None, max_num_gen_batches=fg.max_num_gen_batches)
 
@@ -140,12 +154,13 @@ class Components:
         print(f"hybridrl: resumed from {path} (step {state.global_step})", flush=True)
         return state.global_step
 
-    def save(self, step: int) -> float:
+    def save(self, step: int, loader_state: Optional[dict] = None) -> float:
+        """`loader_state`: the prompt loader's state to record (None: its current one)."""
         start = time.perf_counter()
         parts = {"actor": self.actor_group.save_checkpoint}
         if self.critic_group is not None:
             parts["critic"] = self.critic_group.save_checkpoint
-        state = TrainerState(global_step=step, dataloader=self.train_loader.state_dict(),
+        state = TrainerState(global_step=step, dataloader=loader_state or self.train_loader.state_dict(),
                              kl_ctrl={"value": float(self.kl_ctrl.value)})
         if self.is_rank0:
             self.ckpt.save(step, parts, state)
@@ -167,8 +182,9 @@ class Components:
         return {"perf/mfu/actor": compute_mfu(tokens * epochs, timing["update_actor"], self.run.derived.world_size,
                                               self.hf_config, peak, seq_len=seq)}
 
-    def remax_baselines(self, batch: DataProto) -> torch.Tensor:
-        """ReMax: the greedy response's score for each prompt, broadcast to its samples."""
+    def remax_baselines(self, batch: DataProto, version: int) -> torch.Tensor:
+        """ReMax: the greedy response's score for each prompt, broadcast to its samples (`version`: the actor's
+        updates so far)."""
         first = {}
         for i, uid in enumerate(batch.non_tensor_batch["uid"]):
             first.setdefault(uid, i)
@@ -179,7 +195,7 @@ class Components:
         greedy_in = DataProto.from_dict({"input_ids": p, "attention_mask": mask,
                                          "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)},
                                         dict(prompts.non_tensor_batch), {"greedy": True, "validate": True})
-        out = self.actor_group.generate_sequences(greedy_in)
+        out = self.generation.generate_sequences(greedy_in, version=version)
         out.meta_info.pop("metrics", None)
         scores = self.reward_fn(out).reward_tensor.sum(-1)
         by_uid = dict(zip(list(first), scores.tolist()))
@@ -219,7 +235,7 @@ class Components:
 
     def close(self) -> None:
         self.tracker.finish()
-        for g in (self.critic_group, self.actor_group):
+        for g in (self.rollout_group, self.critic_group, self.actor_group):
             if g is not None:
                 try:
                     g.shutdown()
@@ -266,8 +282,9 @@ def max_rollout_rows(run: RunConfig, n_val: int) -> int:
 
 
 def _spawn_groups(run: RunConfig, model_dir: str, total_steps: int, rollout_rows: int,
-                  clock: StartupClock) -> tuple[Any, Optional[Any], bool]:
-    from hybridrl.controller import RoleSpec, init_ray, spawn_colocated
+                  clock: StartupClock) -> tuple[Any, Optional[Any], Optional[Any], bool]:
+    """(actor, critic or None, the split placement's rollout group or None, whether this process is rank 0)."""
+    from hybridrl.controller import RoleSpec, init_ray, make_worker_group, spawn_colocated
     from hybridrl.utils.hf_model import materialize_hf_dir
     from hybridrl.workers import ActorRolloutRefWorker, CriticWorker
 
@@ -277,17 +294,28 @@ def _spawn_groups(run: RunConfig, model_dir: str, total_steps: int, rollout_rows
         critic_dir = materialize_hf_dir(cfg.critic.model.path, cfg.critic.model.gguf_file)
         roles["critic"] = RoleSpec(CriticWorker, (run, critic_dir, total_steps))
     use_gpu = d.device == "cuda"
+    rollout = None
     if t.backend == "ray":
         from hybridrl.controller import ResourcePool
 
         ray_init = dict(cfg.ray_kwargs.ray_init)
-        num_cpus = ray_init.pop("num_cpus", None) or max(os.cpu_count() or 1, d.world_size)
+        processes = d.world_size + d.placement.rollout_world
+        num_cpus = ray_init.pop("num_cpus", None) or max(os.cpu_count() or 1, processes)
         init_ray(num_cpus=num_cpus, **{k: v for k, v in ray_init.items() if v is not None})
         clock.lap("ray_init")
-        pool = ResourcePool([t.n_gpus_per_node] * t.nnodes, use_gpu=use_gpu,
-                            num_cpus_per_process=1.0 if use_gpu else min(1.0, num_cpus / d.world_size))
+        per_process = 1.0 if use_gpu else min(1.0, num_cpus / processes)
+        pool = ResourcePool([t.n_gpus_per_node] * t.nnodes, use_gpu=use_gpu, num_cpus_per_process=per_process)
         groups = spawn_colocated(pool, roles, backend="ray", call_timeout_s=t.worker_timeout_s,
                                  dist_timeout_s=t.dist_timeout_s)
+        if d.placement.split:
+            from hybridrl.workers import RolloutWorker
+
+            p = d.placement
+            rollout_pool = ResourcePool([p.rollout_gpus_per_node] * p.rollout_nnodes, use_gpu=use_gpu,
+                                        num_cpus_per_process=per_process, name="rollout")
+            rollout = make_worker_group("ray", RolloutWorker, (run, model_dir, rollout_rows), role="rollout",
+                                        resource_pool=rollout_pool, call_timeout_s=t.worker_timeout_s,
+                                        dist_timeout_s=t.dist_timeout_s)
         rank0 = True
     else:
         groups = spawn_colocated(None, roles, backend="local", call_timeout_s=t.worker_timeout_s,
@@ -295,12 +323,16 @@ def _spawn_groups(run: RunConfig, model_dir: str, total_steps: int, rollout_rows
         rank0 = int(os.environ.get("RANK", "0")) == 0
     actor = groups["actor_rollout_ref"]
     clock.lap("workers")
+    rollout_init = rollout.execute_all_async("init_model") if rollout is not None else None  # beside the actor's
     clock.add_worker(actor.init_model()[0].get("startup", {}))
+    if rollout_init is not None:
+        rollout_init.get()
+        clock.lap("rollout_build")  # what the rollout's build took beyond the actor's
     critic = groups.get("critic")
     if critic is not None:
         critic.init_model()
         clock.lap("critic_build")
-    return actor, critic, rank0
+    return actor, critic, rollout, rank0
 
 
 def _startup_report(run: RunConfig, model_dir: str, n_train: int, n_val: int, train: Any, total: int) -> str:

@@ -55,7 +55,9 @@ class PPOTrainer:
         if self.p.is_rank0:
             print(self.p.startup.summary(), flush=True)
         start = time.perf_counter()
-        for rollout in self.p.rollouts(self.global_step, self.generate, self.score):
+        rollouts = self.p.rollouts(self.global_step, self.generate, self.score, self.start_generation,
+                                   self.finish_generation)
+        for rollout in rollouts:
             self.global_step += 1
             metrics = {**self.train_step(rollout, self.global_step), **startup}
             startup = {}
@@ -66,7 +68,7 @@ class PPOTrainer:
                 self.first_val = self.first_val or self.last_val
                 metrics.update(self.last_val)
             if t.save_freq > 0 and (self.global_step % t.save_freq == 0 or last):
-                metrics["timing_s/save_checkpoint"] = self.p.save(self.global_step)
+                metrics["timing_s/save_checkpoint"] = self.p.save(self.global_step, rollouts.loader_state())
             self.p.tracker.log(metrics, self.global_step)
             self.p.progress.update(self.global_step, metrics)
             if out_of_time:
@@ -96,22 +98,32 @@ class PPOTrainer:
             if step > self.cfg.trainer.critic_warmup:
                 with timed(timing, "update_actor"):
                     metrics.update(self.checked(self.actor.update_actor(batch), ACTOR_HEALTH, step))
-        timing["step"] += timing["gen"] + timing["reward"]
+        timing["step"] += sum(rollout.timing.values())  # gen, reward (+ launch_gen one step ahead)
         metrics.update(compute_data_metrics(batch, self.d.use_critic))
         metrics.update(compute_timing_metrics(batch, timing))
-        metrics.update(compute_throughput_metrics(batch, timing, self.d.world_size))
+        metrics.update(compute_throughput_metrics(batch, timing, self.d.world_size + self.d.placement.rollout_world))
         metrics.update(self.p.mfu(batch, timing))
         return metrics
 
     # ------------------------------------------------------------------ steps
     def generate(self, prompts: DataProto, step: int, draw: int = 0) -> DataProto:
         """n samples per prompt; `draw` numbers the generation batches of one step (distinct seeds)."""
+        return self.finish_generation(self.start_generation(prompts, step, draw))
+
+    def start_generation(self, prompts: DataProto, step: int, draw: int = 0) -> Any:
+        """Launch generation for `step` on the weights after the updates done so far (self.global_step)."""
         prompts = ops.add_group_ids(prompts)
         prompts.meta_info.update(step=step, draw=draw, validate=False)
-        out = self.actor.generate_sequences(prompts)
-        out.meta_info["metrics"] = {k if "/" in k else f"rollout/{k}": v for k, v in out.meta_info["metrics"].items()}
-        out.meta_info["metrics"].update(ops.agent_metrics(out.non_tensor_batch.get("agent_tool_calls"),
-                                                          out.non_tensor_batch.get("agent_turns")))
+        return self.p.generation.start(prompts, version=self.global_step)
+
+    def finish_generation(self, handle: Any) -> DataProto:
+        out = self.p.generation.finish(handle)
+        metrics = {k if "/" in k else f"rollout/{k}": v for k, v in out.meta_info["metrics"].items()}
+        metrics.update(ops.agent_metrics(out.non_tensor_batch.get("agent_tool_calls"),
+                                         out.non_tensor_batch.get("agent_turns")))
+        # updates the policy that trains this batch has had, minus those of the policy that generated it
+        metrics["async/staleness"] = float(out.meta_info["step"] - 1 - out.meta_info["weight_version"])
+        out.meta_info["metrics"] = metrics
         out.meta_info["temperature"] = self.cfg.actor_rollout_ref.rollout.temperature
         return out
 
@@ -143,7 +155,7 @@ class PPOTrainer:
         if self.p.rollout_correction is not None and not self.d.algorithm.bypass_mode:
             batch, rc_metrics = ops.with_rollout_correction(batch, self.p.rollout_correction)
             metrics.update(rc_metrics)
-        baselines = self.p.remax_baselines(batch) if a.adv_estimator == "remax" else None
+        baselines = self.p.remax_baselines(batch, self.global_step - 1) if a.adv_estimator == "remax" else None
         return ops.advantages(batch, a.adv_estimator, self.p.adv_params, baselines)
 
     def checked(self, out: DataProto, keys: tuple[str, ...], step: int) -> dict[str, float]:
@@ -162,7 +174,7 @@ class PPOTrainer:
         n = self.cfg.actor_rollout_ref.rollout.val_kwargs.n
         for i, prompts in enumerate(self.p.val_batches()):
             prompts.meta_info.update(step=self.global_step, validate=True)
-            out = self.actor.generate_sequences(prompts)
+            out = self.p.generation.generate_sequences(prompts, version=self.global_step)
             out.meta_info.pop("metrics", None)
             result = self.p.val_reward_fn(out)
             scores += result.reward_tensor.sum(-1).tolist()

@@ -2,11 +2,13 @@
 
     ActorRolloutRefWorker   the policy (Megatron), its rollout engine and the reference policy
     CriticWorker            the value model (Megatron)
+    RolloutWorker           a rollout engine on its own GPU (split placement: actor_rollout_ref.hybrid_engine=false)
 
 Workers are thin: models live in hybridrl.adapters, generation in hybridrl.rollout, the weight sync in
 hybridrl.hybrid. A worker wires them to the controller's dispatch modes.
 """
 from .actor_rollout_ref import ROLLOUT_COMPUTE_PROTO, ActorRolloutRefWorker
 from .critic import CriticWorker
+from .rollout import RolloutWorker
 
-__all__ = ["ActorRolloutRefWorker", "CriticWorker", "ROLLOUT_COMPUTE_PROTO"]
+__all__ = ["ActorRolloutRefWorker", "CriticWorker", "RolloutWorker", "ROLLOUT_COMPUTE_PROTO"]

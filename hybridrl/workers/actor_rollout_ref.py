@@ -8,6 +8,7 @@ replica's first rank) for generation.
 from __future__ import annotations
 
 import dataclasses
+import socket
 import time
 from typing import Any, Optional
 
@@ -18,9 +19,10 @@ from hybridrl.utils.device import device_memory_used, train_peak_memory
 from hybridrl.utils.imports import load_object
 from hybridrl.utils.timing import timed
 
-from .common import load_tokenizer_for, setup_process
+from .common import build_agent, load_tokenizer_for, sampling_for, setup_process
 
 ROLLOUT_MESH = "rollout"
+ARA_HYBRID = "actor_rollout_ref.hybrid_engine"
 ROLLOUT_COMPUTE_PROTO = "ROLLOUT_COMPUTE_PROTO"
 register_mesh_dispatch_mode(ROLLOUT_COMPUTE_PROTO, ROLLOUT_MESH, override=True)
 
@@ -58,6 +60,7 @@ class ActorRolloutRefWorker(Worker):
         self.sync_count = 0
         self.engine_memory: dict[str, int] = {}
         self.agent: Any = None  # hybridrl.agent.AgentRollout when rollout.multi_turn.enable
+        self.broadcast: Any = None  # split placement, rank 0: hybridrl.hybrid.broadcast.BroadcastGroup
 
     # ------------------------------------------------------------------ setup
     @register(Dispatch.ONE_TO_ALL)
@@ -82,12 +85,12 @@ class ActorRolloutRefWorker(Worker):
         if d.use_reference:
             with timed(times, "ref_build"):
                 self.ref = MegatronActor.reference(model, ara.ref, d.actor, d.ref_forward_micro_batch_per_gpu)
+        if d.placement.split:  # the rollout has its own workers (rollout.py); weights go by broadcast
+            info = self.actor.dispatch_info()
+            self.set_dispatch_info(info.dp_rank, info.dp_size, info.is_collect)
+            return {"rank": self.rank, "seconds": time.perf_counter() - start, "startup": times}
         tokenizer = load_tokenizer_for(self.model_dir, run)
-        if ara.rollout.multi_turn.enable:
-            from hybridrl.agent import AgentRollout
-
-            self.agent = AgentRollout.from_config(ara.rollout.multi_turn, run.cfg.data.max_response_length, tokenizer,
-                                                  run.cfg.data.apply_chat_template_kwargs)
+        self.agent = build_agent(run, tokenizer)
         hf_config = self.actor.hf_config
         self.plan = ReshardPlan.from_layouts(d.actor, d.rollout, hf_config)
         self._declare_meshes()
@@ -125,15 +128,11 @@ class ActorRolloutRefWorker(Worker):
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """n samples per prompt of this replica's prompts (meta_info: step, draw, validate)."""
         from hybridrl.hybrid.weight_sync import generate_sequences
-        from hybridrl.rollout.sampling import sampling_from_config
 
-        step = int(prompts.meta_info.get("step", 0))
-        validate = bool(prompts.meta_info.get("validate", False))
-        where = self.plan.placement(self.rank)
-        sampling = sampling_from_config(self.run.cfg.actor_rollout_ref.rollout, validate, step=step,
-                                        replica=where.replica, draw=int(prompts.meta_info.get("draw", 0)))
-        if prompts.meta_info.get("greedy"):  # ReMax baselines: one greedy sample per prompt
-            sampling = sampling.with_(n=1, do_sample=False, temperature=0.0)
+        if self.sync is None:
+            raise RuntimeError("actor_rollout_ref.generate_sequences: this actor has no rollout engine "
+                               f"({ARA_HYBRID}=false); the rollout group generates")
+        sampling = sampling_for(self.run, prompts, self.plan.placement(self.rank).replica)
         self.sync_count += 1
         generate = self.agent.generate if self.agent is not None else None
         out, metrics = generate_sequences(self.sync, prompts, sampling, step=self.sync_count, generate=generate)
@@ -168,6 +167,35 @@ class ActorRolloutRefWorker(Worker):
         if peak:
             metrics["memory/train_peak_bytes"] = float(peak["bytes"])
         return DataProto(meta_info={"metrics": metrics})
+
+    # ------------------------------------------------------------------ split placement: weights by broadcast
+    @register(Dispatch.RANK_ZERO)
+    def weight_broadcast_address(self) -> tuple[str, int]:
+        """Where the weight broadcast group meets: this node (rank 0 picked it as MASTER_ADDR) and a free port."""
+        with socket.socket() as s:
+            s.bind(("", 0))
+            return self.master_addr, s.getsockname()[1]
+
+    @register(Dispatch.ONE_TO_ALL, blocking=False)
+    def join_weight_broadcast(self, addr: str, port: int, world_size: int) -> None:
+        """Rank 0 hosts the group (rank 0 of it) the rollout ranks join; the other actor ranks only export."""
+        from hybridrl.hybrid.broadcast import BroadcastGroup
+
+        if self.rank == 0:
+            self.broadcast = BroadcastGroup.open(addr, port, 0, world_size, self.device,
+                                                 timeout_s=self.run.cfg.trainer.dist_timeout_s)
+
+    @register(Dispatch.ONE_TO_ALL, blocking=False)
+    def broadcast_weights(self, version: int) -> dict[str, float]:
+        """Export the current weights (collective over the actor ranks); rank 0 sends them to the rollout."""
+        sync = self.run.cfg.actor_rollout_ref.rollout
+        export = self.actor.export_weights(sync.update_weights_bucket_megabytes << 20)
+        if self.rank != 0:
+            for _ in export:  # the gathers need every rank
+                pass
+            return {}
+        fraction = sync.sync_check.sample_fraction if sync.sync_check.enable else 0.0
+        return self.broadcast.send(export, check_fraction=fraction, step=version)
 
     # ------------------------------------------------------------------ checkpoints
     @register(Dispatch.ONE_TO_ALL)

@@ -28,3 +28,26 @@ def load_tokenizer_for(model_dir: str, run: RunConfig) -> Any:
 
     path = run.cfg.data.tokenizer or model_dir
     return load_tokenizer(path, trust_remote_code=run.cfg.actor_rollout_ref.model.trust_remote_code)
+
+
+def sampling_for(run: RunConfig, prompts: Any, replica: int) -> Any:
+    """The sampling of one generate call (meta_info: step, draw, validate; greedy for ReMax's baselines)."""
+    from hybridrl.rollout.sampling import sampling_from_config
+
+    meta = prompts.meta_info
+    sampling = sampling_from_config(run.cfg.actor_rollout_ref.rollout, bool(meta.get("validate", False)),
+                                    step=int(meta.get("step", 0)), replica=replica, draw=int(meta.get("draw", 0)))
+    if meta.get("greedy"):  # ReMax baselines: one greedy sample per prompt
+        sampling = sampling.with_(n=1, do_sample=False, temperature=0.0)
+    return sampling
+
+
+def build_agent(run: RunConfig, tokenizer: Any) -> Any:
+    """hybridrl.agent.AgentRollout when actor_rollout_ref.rollout.multi_turn.enable, else None."""
+    multi_turn = run.cfg.actor_rollout_ref.rollout.multi_turn
+    if not multi_turn.enable:
+        return None
+    from hybridrl.agent import AgentRollout
+
+    return AgentRollout.from_config(multi_turn, run.cfg.data.max_response_length, tokenizer,
+                                    run.cfg.data.apply_chat_template_kwargs)

@@ -285,3 +285,46 @@ def test_verl_091_reward_custom_reward_function_is_the_same_setting(tmp_path):
         load_config([], config_name="job", config_path=str(tmp_path))
     with pytest.raises(ConfigError, match="unknown key reward.num_workers"):
         load_config(["reward.num_workers=4"])
+
+
+GRPO_SPLIT = ["data.train_batch_size=32", "actor_rollout_ref.rollout.n=8", "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+              "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "trainer.n_gpus_per_node=4",
+              "actor_rollout_ref.rollout.tensor_model_parallel_size=2", "actor_rollout_ref.rollout.calculate_log_probs=true",
+              "actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.rollout.n_gpus_per_node=4"]
+
+
+def test_split_placement_lays_the_rollout_on_its_own_gpus():
+    cfg = load_config(GRPO_SPLIT + ["trainer.one_step_off_policy=true"], config_name="grpo_trainer")
+    run = validate(cfg, cuda_available=lambda: True, gpu_count=lambda: 8)
+    d = run.derived
+    assert d.placement.split and d.placement.one_step_off and d.placement.rollout_world == 4
+    assert (d.world_size, d.actor.dp, d.rollout.tp, d.rollout.dp) == (4, 4, 2, 2)  # replicas over the rollout's 4
+    # one step stale: token TIS against the rollout's log-probs unless the user picks a correction
+    rc = d.algorithm.rollout_correction
+    assert (rc.rollout_is, rc.rollout_is_threshold) == ("token", 2.0)
+    assert any("one_step_off_policy" in n for n in d.notes) and "placement: split" in run.summary()
+    chosen = validate(load_config(GRPO_SPLIT + ["trainer.one_step_off_policy=true",
+                                                "algorithm.rollout_correction.rollout_is=sequence",
+                                                "algorithm.rollout_correction.rollout_is_threshold=5.0"],
+                                  config_name="grpo_trainer"), cuda_available=lambda: True, gpu_count=lambda: 8)
+    assert chosen.derived.algorithm.rollout_correction.rollout_is == "sequence"
+    sync = validate(load_config(GRPO_SPLIT, config_name="grpo_trainer"), cuda_available=lambda: True, gpu_count=lambda: 8)
+    assert sync.derived.placement.split and not sync.derived.placement.one_step_off
+    assert sync.derived.algorithm.rollout_correction is None
+
+
+@pytest.mark.parametrize("extra, gpus, message", [
+    (["actor_rollout_ref.hybrid_engine=true"], 8, r"one_step_off_policy=true needs a split placement.*hybrid_engine=false"),
+    (["actor_rollout_ref.rollout.n_gpus_per_node=0"], 8, r"rollout.n_gpus_per_node >= 1"),
+    (["trainer.n_gpus_per_node=1", "actor_rollout_ref.rollout.n_gpus_per_node=1",
+      "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "actor_rollout_ref.actor.ppo_mini_batch_size=8"], 1,
+     r"needs .* = 1 \+ 1 = 2 GPUs; this machine has 1. One GPU cannot hold a split placement"),
+    (["trainer.backend=local"], 8, r"needs trainer.backend=ray"),
+    (["algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=acc"], 8, r"filter_groups.enable=true is not"),
+    (["actor_rollout_ref.rollout.calculate_log_probs=false"], 8, r"needs the rollout's log-probs"),
+    (["actor_rollout_ref.rollout.tensor_model_parallel_size=8"], 8, r"tensor_model_parallel_size=8 must divide the 4"),
+])
+def test_split_placement_errors_name_the_fix(extra, gpus, message):
+    cfg = load_config(GRPO_SPLIT + ["trainer.one_step_off_policy=true"] + extra, config_name="grpo_trainer")
+    with pytest.raises(ConfigError, match=message):
+        validate(cfg, cuda_available=lambda: True, gpu_count=lambda: gpus)

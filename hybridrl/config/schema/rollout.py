@@ -62,6 +62,9 @@ class RolloutConfig:
         "(train_batch_size x n or a validation batch, per replica), not its default list up to 512.", None)
     free_cache_engine: bool = doc("Sleep the engine (free weights + KV cache) after each generation.", True)
     tensor_model_parallel_size: int = doc("tp_g: GPUs per rollout replica.", 2)
+    nnodes: int = doc("Nodes of the rollout's own GPUs when actor_rollout_ref.hybrid_engine=false (0: colocated).", 0)
+    n_gpus_per_node: int = doc("The rollout's own GPUs per node (on CPU: processes) when "
+                               "actor_rollout_ref.hybrid_engine=false; 0: colocated with the actor.", 0)
     data_parallel_size: int = 1
     pipeline_model_parallel_size: int = 1
     max_num_batched_tokens: int = 8192

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 from .actor import ActorConfig, ModelConfig, PolicyLossConfig, RefConfig
 from .algorithm import AlgorithmConfig, RolloutCorrectionConfig
-from .common import Link
+from .common import Link, doc
 from .critic import CriticConfig, CustomRewardFunctionConfig, RewardModelConfig
 from .data import DataConfig
 from .rollout import RolloutConfig
@@ -21,7 +21,9 @@ def _actor_following_algorithm() -> ActorConfig:
 
 @dataclass(frozen=True)
 class ActorRolloutRefConfig:
-    hybrid_engine: bool = True
+    hybrid_engine: bool = doc("true: rollout and training share the GPUs, weights resharded in place; false: the "
+                              "rollout runs on its own GPUs (actor_rollout_ref.rollout.n_gpus_per_node) and gets the "
+                              "weights by broadcast after every update.", True)
     nccl_timeout: int = 600
     model: ModelConfig = field(default_factory=ModelConfig)
     actor: ActorConfig = field(default_factory=_actor_following_algorithm)

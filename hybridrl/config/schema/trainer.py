@@ -42,6 +42,10 @@ class TrainerConfig:
     on_nonfinite: str = doc("error | skip: what a NaN/Inf loss or grad norm does to the step.", "error")
     max_time_s: Optional[float] = doc("Stop after the step that passes this many seconds of training (then the "
                                       "final validation and checkpoint run); null: no limit.", None)
+    one_step_off_policy: bool = doc(
+        "Generate step k+1 while step k trains, on the rollout's own GPUs (actor_rollout_ref.hybrid_engine=false); "
+        "each batch is one policy version old and corrected by importance weights against the rollout's log-probs.",
+        False)
     seed: int = 1
     progress_bar: bool = True
     plot: bool = doc("Write a PNG of score, response length and KL at the end.", True)

@@ -1,0 +1,68 @@
+"""One-step-off-policy rollouts (trainer.one_step_off_policy): the batch of step k+1 is generated while step k
+trains, on the rollout's own GPUs.
+
+    launch(1)                                   weights v0 -> rollout, generate batch 1
+    step k:  wait for batch k
+             launch(k+1)                        weights after update k-1 -> rollout, generate batch k+1 ...
+             score batch k, yield it            ... while the trainer runs step k on batch k
+So batch k (k >= 2) comes from the policy after update k-2 and is trained by the policy after update k-1:
+staleness 1 (batch 1: 0). The loss corrects for it with importance weights against the rollout's
+log-probs (algorithm.rollout_correction; token TIS by default in this mode).
+
+The loader has handed out the prompts of the prefetched batch before step k's checkpoint is written:
+`loader_state()` is its state from before that draw, so a resumed run generates those prompts again.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Iterator, Optional
+
+from hybridrl.protocol import DataProto
+
+from .dynamic_sampling import Rollout
+
+
+class OneStepOffStream:
+    """`start(prompts, step)` launches a generation (returns a handle) and `finish(handle)` waits for it;
+    `score(batch)` adds the rewards; `snapshot()` is the prompt loader's state_dict."""
+
+    def __init__(self, prompts: Iterator[DataProto], start: Callable[[DataProto, int], Any],
+                 finish: Callable[[Any], DataProto], score: Callable[[DataProto], DataProto], *, start_step: int,
+                 steps: int, snapshot: Callable[[], dict]) -> None:
+        self.prompts, self.start, self.finish, self.score = prompts, start, finish, score
+        self.first, self.last = start_step + 1, start_step + steps
+        self.snapshot = snapshot
+        self._state_before_prefetch: Optional[dict] = None
+
+    def __iter__(self) -> Iterator[Rollout]:
+        pending = self._launch(self.first) if self.first <= self.last else None
+        step = self.first
+        while pending is not None:
+            prompts, handle, launch_s = pending
+            start = time.perf_counter()
+            batch = self.finish(handle)
+            wait_s = time.perf_counter() - start
+            metrics = batch.meta_info.pop("metrics", {})
+            pending = self._launch(step + 1) if step < self.last else None  # overlaps scoring and training
+            if pending is None:
+                self._state_before_prefetch = None  # nothing drawn ahead: the loader's own state is right
+            start = time.perf_counter()
+            batch = self.score(batch)
+            timing = {"gen": wait_s, "reward": time.perf_counter() - start, "launch_gen": launch_s}
+            metrics["async/overlapped_gen_s"] = max(metrics.get("timing_s/generate", 0.0) - wait_s, 0.0)
+            yield Rollout(batch, prompts.meta_info.get("epoch", 0), metrics, timing)
+            step += 1
+
+    def _launch(self, step: int) -> Optional[tuple[DataProto, Any, float]]:
+        state = self.snapshot()
+        prompts = next(self.prompts, None)
+        if prompts is None:
+            return None
+        self._state_before_prefetch = state
+        start = time.perf_counter()
+        handle = self.start(prompts, step)
+        return prompts, handle, time.perf_counter() - start
+
+    def loader_state(self) -> Optional[dict]:
+        """The loader's state to checkpoint after the step just yielded (None: its current state)."""
+        return self._state_before_prefetch
