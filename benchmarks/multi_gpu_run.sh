@@ -12,6 +12,11 @@
 #   grpo 2gpu_tp_to_dp 2 $TP2 $RTP1                  actor tp2 -> vLLM tp_g1 dp_g2 (every rank gathers all)
 # with TP2=actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 and
 # RTP1/RTP2=actor_rollout_ref.rollout.tensor_model_parallel_size=1/2, then report.
+# Split placement (issue 21), 1 training GPU + 1 rollout GPU, against grpo 2gpu_dp 2 of the same lease:
+#   grpo split_sync 1 $SPLIT                         rollout on GPU 1, weights by NCCL broadcast, synchronous
+#   grpo one_step_off 1 $SPLIT trainer.one_step_off_policy=true   generation of step k+1 during update k
+# with SPLIT="actor_rollout_ref.hybrid_engine=false actor_rollout_ref.rollout.n_gpus_per_node=1
+#   actor_rollout_ref.rollout.calculate_log_probs=true"; compare timing_s/step, async/staleness, weight_broadcast/*.
 set -u
 MODE=${1:?usage: multi_gpu_run.sh stage|parity|grpo NAME NGPUS [overrides]|report}
 OUT=${OUT:-/tmp/out}

@@ -15,7 +15,7 @@ engine's checksums against the received tensors (the load), as the hybrid engine
 from __future__ import annotations
 
 import datetime
-import pickle
+import json
 import time
 from typing import Iterable, Iterator, Optional
 
@@ -80,7 +80,8 @@ class BroadcastGroup:
             self._broadcast(flat)
 
     def _send_header(self, header: dict) -> None:
-        data = torch.frombuffer(bytearray(pickle.dumps(header)), dtype=torch.uint8).to(self.device)
+        # JSON, not pickle: a receiver never unpickles what arrives over the network
+        data = torch.frombuffer(bytearray(json.dumps(header).encode()), dtype=torch.uint8).to(self.device)
         self._broadcast(torch.tensor([data.numel()], dtype=torch.int64, device=self.device))
         self._broadcast(data)
 
@@ -111,7 +112,7 @@ class BroadcastGroup:
             offset = 0
             for name, shape, _ in members:
                 n = _numel(shape)
-                out[name] = flat[offset:offset + n].view(shape)
+                out[name] = flat[offset:offset + n].view(tuple(shape))
                 offset += n
         return [(name, out[name]) for name, _, _ in entries]
 
@@ -120,7 +121,7 @@ class BroadcastGroup:
         self._broadcast(size)
         data = torch.empty(int(size.item()), dtype=torch.uint8, device=self.device)
         self._broadcast(data)
-        return pickle.loads(data.cpu().numpy().tobytes())
+        return json.loads(data.cpu().numpy().tobytes().decode())
 
     # ------------------------------------------------------------------ plumbing
     def _broadcast(self, t: torch.Tensor) -> None:

@@ -78,6 +78,10 @@ class RolloutStream:
                 return
             yield rollout
 
+    def loader_state(self) -> None:
+        """Nothing is drawn ahead of the step just yielded: checkpoints record the loader's own state."""
+        return None
+
     def collect(self, step: int) -> Optional[Rollout]:
         """The scored samples of `step` (None when the prompts run out)."""
         timing: dict[str, float] = {"gen": 0.0, "reward": 0.0}
