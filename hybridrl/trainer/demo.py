@@ -137,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
                        f"trainer.default_local_dir={os.path.join(out, 'checkpoints')}", *overrides])
     print(run.summary(), flush=True)
     result = run_ppo(run)
-    before, after = result["before"].get("val/score"), result["after"].get("val/score")
+    # nan where a run skipped validation (trainer.val_before_train=false or test_freq=-1)
+    before, after = (result[k].get("val/score", float("nan")) for k in ("before", "after"))
     print(f"demo: finished in {time.perf_counter() - start:.0f}s")
     print(f"demo: val/score {100 * before:.1f} -> {100 * after:.1f}", flush=True)
     return 0

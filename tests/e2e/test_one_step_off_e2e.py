@@ -42,3 +42,23 @@ def test_one_step_off_policy_steps_run_one_version_stale(tmp_path):
     assert train[2]["weight_broadcast/bytes"] > 0 and train[2]["sync_check/max_rel_diff"] == 0.0
     last = proc.stdout.rstrip().splitlines()[-1]
     assert last.startswith("demo: val/score ")
+
+
+@pytest.mark.timeout(900)
+def test_split_placement_synchronous_rollout_holds_the_updated_weights(tmp_path):
+    """Without one_step_off_policy the actor's weights are broadcast before every generation: after an update the
+    rollout's log-probs equal the actor's recomputation (fp32), so the broadcast carried the updated weights."""
+    out = tmp_path / "demo"
+    env = dict(os.environ, PYTHONPATH=ROOT, HF_HUB_OFFLINE="1")
+    proc = subprocess.run([sys.executable, "-m", "hybridrl.trainer.demo", "--out", str(out), "--sft-steps", "20", *SPLIT,
+                           "trainer.total_training_steps=2", "trainer.test_freq=-1", "trainer.val_before_train=false",
+                           "trainer.plot=false"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=800)
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    rows = [json.loads(line) for line in open(out / "checkpoints" / "logs" / "metrics.jsonl")]
+    train = [r for r in rows if "critic/score/mean" in r]
+    assert [r["async/staleness"] for r in train] == [0.0, 0.0]
+    # step 1 changed the weights (a nonzero gradient went into the optimizer) and step 2 got them by broadcast
+    assert train[0]["actor/grad_norm"] > 0 and train[1]["weight_broadcast/bytes"] > 0
+    for r in train:
+        assert r["rollout_vs_actor/logprob_abs_diff_mean"] < 1e-5
