@@ -16,35 +16,6 @@ SPLIT = ["actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.rollout.n_g
 
 
 @pytest.mark.timeout(900)
-def test_one_step_off_policy_steps_run_one_version_stale(tmp_path):
-    out = tmp_path / "demo"
-    env = dict(os.environ, PYTHONPATH=ROOT, HF_HUB_OFFLINE="1")
-    proc = subprocess.run([sys.executable, "-m", "hybridrl.trainer.demo", "--out", str(out), "--sft-steps", "20",
-                           "trainer.one_step_off_policy=true", *SPLIT, "trainer.total_training_steps=3",
-                           "trainer.test_freq=3", "trainer.plot=false"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=800)
-    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
-    assert "placement: split" in proc.stdout and "one-step-off-policy" in proc.stdout
-    rows = [json.loads(line) for line in open(out / "checkpoints" / "logs" / "metrics.jsonl")]
-    train = [r for r in rows if "critic/score/mean" in r]
-    assert [r["step"] for r in train] == [1, 2, 3]
-    # batch 1 comes from the initial weights; batch k >= 2 from the policy before the last update
-    assert [r["async/staleness"] for r in train] == [0.0, 1.0, 1.0]
-    # the initial broadcast delivered the actor's weights exactly (fp32 on CPU): rollout == actor log-probs
-    assert train[0]["rollout_vs_actor/logprob_abs_diff_mean"] < 1e-5
-    # a stale batch differs from the actor that trains it, and the correction (token TIS, cap 2.0) is applied
-    assert train[1]["rollout_vs_actor/logprob_abs_diff_mean"] > 1e-4
-    for r in train[1:]:
-        assert 0 < r["rollout_corr/rollout_is_max"] <= 2.0
-    # batch 2 was generated on the initial weights (no push); batch 3's generation was preceded by the broadcast
-    # of update 1, checksummed on the rollout side against what arrived (fp32 on CPU: exact)
-    assert "weight_broadcast/bytes" not in train[1]
-    assert train[2]["weight_broadcast/bytes"] > 0 and train[2]["sync_check/max_rel_diff"] == 0.0
-    last = proc.stdout.rstrip().splitlines()[-1]
-    assert last.startswith("demo: val/score ")
-
-
-@pytest.mark.timeout(900)
 def test_split_placement_synchronous_rollout_holds_the_updated_weights(tmp_path):
     """Without one_step_off_policy the actor's weights are broadcast before every generation: after an update the
     rollout's log-probs equal the actor's recomputation (fp32), so the broadcast carried the updated weights."""
@@ -62,3 +33,52 @@ def test_split_placement_synchronous_rollout_holds_the_updated_weights(tmp_path)
     assert train[0]["actor/grad_norm"] > 0 and train[1]["weight_broadcast/bytes"] > 0
     for r in train:
         assert r["rollout_vs_actor/logprob_abs_diff_mean"] < 1e-5
+
+
+def _demo(out, *extra: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=ROOT, HF_HUB_OFFLINE="1")
+    proc = subprocess.run([sys.executable, "-m", "hybridrl.trainer.demo", "--out", str(out), "--sft-steps", "20", *SPLIT,
+                           "trainer.one_step_off_policy=true", "trainer.test_freq=-1", "trainer.val_before_train=false",
+                           "trainer.plot=false", *extra], cwd=ROOT, env=env, capture_output=True, text=True, timeout=800)
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    return proc
+
+
+def _prompts(path) -> list[str]:
+    return sorted(json.loads(line)["input"] for line in open(path))
+
+
+@pytest.mark.timeout(900)
+def test_resume_generates_the_prefetched_prompts_again(tmp_path):
+    """Run a: three one-step-off steps (checked as such). The checkpoint of step 2 is written while step 3's prompts are already out for generation: a run resumed
+    from it must train step 3 on those same prompts (not skip them), on the weights after update 2 (staleness 0)."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    proc = _demo(a, "trainer.total_training_steps=3", "trainer.save_freq=2", f"trainer.rollout_data_dir={a / 'rollouts'}")
+    check_one_step_off_run(proc.stdout, a)
+    _demo(b, "trainer.total_training_steps=3", "trainer.resume_mode=resume_path",
+          f"trainer.resume_from_path={a / 'checkpoints' / 'global_step_2'}", f"trainer.rollout_data_dir={b / 'rollouts'}")
+    assert sorted(os.listdir(b / "rollouts")) == ["3.jsonl"]
+    assert _prompts(b / "rollouts" / "3.jsonl") == _prompts(a / "rollouts" / "3.jsonl")
+    assert _prompts(a / "rollouts" / "3.jsonl") != _prompts(a / "rollouts" / "2.jsonl")
+    rows = [json.loads(line) for line in open(b / "checkpoints" / "logs" / "metrics.jsonl")]
+    assert [(r["step"], r["async/staleness"]) for r in rows if "critic/score/mean" in r] == [(3, 0.0)]
+
+
+def check_one_step_off_run(stdout: str, out) -> None:
+    assert "placement: split" in stdout and "one-step-off-policy" in stdout
+    rows = [json.loads(line) for line in open(out / "checkpoints" / "logs" / "metrics.jsonl")]
+    train = [r for r in rows if "critic/score/mean" in r]
+    assert [r["step"] for r in train] == [1, 2, 3]
+    # batch 1 comes from the initial weights; batch k >= 2 from the policy before the last update
+    assert [r["async/staleness"] for r in train] == [0.0, 1.0, 1.0]
+    # the initial broadcast delivered the actor's weights exactly (fp32 on CPU): rollout == actor log-probs
+    assert train[0]["rollout_vs_actor/logprob_abs_diff_mean"] < 1e-5
+    # a stale batch differs from the actor that trains it, and the correction (token TIS, cap 2.0) is applied
+    assert train[1]["rollout_vs_actor/logprob_abs_diff_mean"] > 1e-4
+    for r in train[1:]:
+        assert 0 < r["rollout_corr/rollout_is_max"] <= 2.0
+    # batch 2 was generated on the initial weights (no push); batch 3's generation was preceded by the broadcast
+    # of update 1, checksummed on the rollout side against what arrived (fp32 on CPU: exact)
+    assert "weight_broadcast/bytes" not in train[1]
+    assert train[2]["weight_broadcast/bytes"] > 0 and train[2]["sync_check/max_rel_diff"] == 0.0
+    assert stdout.rstrip().splitlines()[-1].startswith("demo: val/score ")
