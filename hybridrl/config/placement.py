@@ -61,7 +61,8 @@ def check_placement(cfg: PPOConfig, device: str, p: Problems,
     if device == "cuda" and t.nnodes == 1 and nodes == 1:
         have = gpu_count() if gpu_count is not None else _cuda_device_count()
         need = t.n_gpus_per_node + r.n_gpus_per_node
-        p.check(have >= need,
+        # have == 0: checked on a machine without GPUs (a login node, `--cfg job`, `hybridrl plan`): not this one's job
+        p.check(have == 0 or have >= need,
                 f"{ARA}.hybrid_engine=false on one node needs trainer.n_gpus_per_node + {ARA}.rollout.n_gpus_per_node "
                 f"= {t.n_gpus_per_node} + {r.n_gpus_per_node} = {need} GPUs; this machine has {have}. "
                 + ("One GPU cannot hold a split placement: keep the colocated hybrid engine "

@@ -116,6 +116,9 @@ def shape_notes(run: RunConfig, shape: ModelShape) -> list[str]:
     if a.tp > 1 and not a.sequence_parallel:
         notes.append(f"{ARA}.actor.megatron.sequence_parallel=false with tp={a.tp}: norm activations are kept whole on "
                      "every tp rank; sequence_parallel=true divides them by tp")
+    if run.derived.placement.split:
+        notes.append("split placement: the rollout column is one of the rollout's own GPUs (engine only); the training "
+                     "columns are the actor's GPUs, which never hold the engine")
     return notes
 
 

@@ -134,7 +134,7 @@ def estimate(run: RunConfig, shape: ModelShape, gpu_memory_bytes: int,
         for name in PHASES:
             if name == "train_critic" and not d.use_critic:
                 continue
-            phase = Phase(name, stage, phase_parts(name, s, rollout, overhead))
+            phase = Phase(name, stage, phase_parts(name, s, rollout, overhead, split=d.placement.split))
             if best[name] is None or phase.total > best[name].total:
                 best[name] = phase
     return MemoryPlan(gpu_memory_bytes, overhead, best, kv)

@@ -47,7 +47,8 @@ Rollout engine (vLLM, colocated):
 Phases (each component is 0 when absent; totals are for the busiest pipeline stage):
     train_actor   the actor's update: actor params+grads+optimizer + activations, plus whatever idle roles keep
     train_critic  the critic's update (PPO with GAE): the same with the critic's state and activations
-    rollout       generation: vLLM's share + what the training roles keep after offload
+    rollout       generation: vLLM's share + what the training roles keep after offload (a split placement,
+                  actor_rollout_ref.hybrid_engine=false: one of the rollout's own GPUs, vLLM's share only)
 An idle role keeps params/grads/optimizer unless its megatron.{param,grad,optimizer}_offload is set (the
 reference has params only). During rollout the hybrid engine always moves the actor's grads and optimizer
 state off the GPU before vLLM wakes (hybridrl/hybrid/weight_sync.py, step 1); its params stay unless
@@ -302,20 +303,26 @@ class RolloutMemory:
     asleep_when_training: bool
 
 
-def phase_parts(name: str, s: StageMemory, r: RolloutMemory, overhead: int) -> dict[str, int]:
-    """The components of phase `name` on one stage (see "Phases" in the module docstring)."""
+def phase_parts(name: str, s: StageMemory, r: RolloutMemory, overhead: int, split: bool = False) -> dict[str, int]:
+    """The components of phase `name` on one stage (see "Phases" in the module docstring). `split`: the rollout
+    has GPUs of its own (actor_rollout_ref.hybrid_engine=false): "rollout" is one of those, holding the engine
+    only, and the training GPUs never hold the engine."""
+    parts = {c: 0 for c in COMPONENTS}
+    if split and name == "rollout":
+        parts.update(rollout_weights=r.weights, rollout_activations=r.activations, rollout_kv_cache=max(r.kv_cache, 0),
+                     overhead=overhead)
+        return parts
     actor = s.actor.state if name == "train_actor" else s.actor.idle()
     if name == "rollout":  # WeightSync.push offloads grads and optimizer whatever the flags say
         actor = ModelState(actor.params, 0, 0)
     critic = None if s.critic is None else (s.critic.state if name == "train_critic" else s.critic.idle())
     ref = s.ref.idle() if s.ref is not None else None  # the reference never trains: params only
-    parts = {c: 0 for c in COMPONENTS}
     parts.update(_role_parts("actor", actor))
     if critic is not None:
         parts.update(_role_parts("critic", critic))
     parts["ref_params"] = ref.params if ref is not None else 0
     parts["activations"] = {"train_actor": s.actor_activations, "train_critic": s.critic_activations}.get(name, 0)
-    if name == "rollout" or not r.asleep_when_training:
+    if not split and (name == "rollout" or not r.asleep_when_training):
         parts.update(rollout_weights=r.weights, rollout_activations=r.activations, rollout_kv_cache=max(r.kv_cache, 0))
     parts["overhead"] = overhead
     return parts

@@ -4,6 +4,9 @@ Two meshes are declared for dispatch: the training layout (tp x pp x dp; a batch
 collected from tp rank 0 of the last pipeline stage) for log-probs and updates, and the rollout layout
 (replicas of tp_g consecutive ranks; a batch of prompts is split over replicas and collected from each
 replica's first rank) for generation.
+
+With a split placement (actor_rollout_ref.hybrid_engine=false) it builds no engine: the rollout has workers
+of its own (rollout.py) and this worker's rank 0 broadcasts the weights to them (broadcast_weights).
 """
 from __future__ import annotations
 

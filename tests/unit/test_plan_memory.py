@@ -195,3 +195,20 @@ def test_moe_stage_params_and_expert_optimizer_sharding_by_hand():
     # Adam (8) + fp32 master (4) bytes per param: the dense part over dp=4, the experts over expert dp=1
     assert parts["actor_optimizer"] == -(-dense * 12 // 4) + experts * 12
     assert parts["actor_params"] == 2 * (dense + experts) and parts["actor_grads"] == 4 * (dense + experts)
+
+
+def test_split_placement_plans_the_rollout_gpu_and_the_training_gpus_apart():
+    colocated = estimate(_run("preset=7b_8gpu"), resolve("Qwen2.5-7B"), 80 * GiB, overhead_bytes=3 * GiB)
+    split = estimate(_run("preset=7b_8gpu", "actor_rollout_ref.hybrid_engine=false",
+                          "actor_rollout_ref.rollout.n_gpus_per_node=8", "trainer.n_gpus_per_node=8"),
+                     resolve("Qwen2.5-7B"), 80 * GiB, overhead_bytes=3 * GiB)
+    engine = ("rollout_weights", "rollout_activations", "rollout_kv_cache")
+    rollout = split.phases["rollout"].parts
+    # the rollout's own GPU holds the engine and nothing of the training roles
+    assert {k: v for k, v in rollout.items() if v} == {**{k: colocated.phases["rollout"].parts[k] for k in engine},
+                                                        "overhead": 3 * GiB}
+    # the training GPUs never hold the engine; their training state is what the colocated plan has
+    train = split.phases["train_actor"].parts
+    assert all(train[k] == 0 for k in engine)
+    assert {k: v for k, v in train.items() if k not in engine} == \
+        {k: v for k, v in colocated.phases["train_actor"].parts.items() if k not in engine}
