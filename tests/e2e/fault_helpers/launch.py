@@ -38,12 +38,13 @@ def record_pids(path: str) -> None:
     spawn = components._spawn_groups
 
     def spawn_and_record(*args, **kwargs):
-        actor, critic, rank0 = spawn(*args, **kwargs)
+        actor, critic, rollout, rank0 = spawn(*args, **kwargs)
         pids = {"actor_rollout_ref": list(actor.pids)}
-        if critic is not None:
-            pids["critic"] = list(critic.pids)
+        for name, group in (("critic", critic), ("rollout", rollout)):
+            if group is not None:
+                pids[name] = list(group.pids)
         touch(path, json.dumps(pids))
-        return actor, critic, rank0
+        return actor, critic, rollout, rank0
 
     components._spawn_groups = spawn_and_record
 
