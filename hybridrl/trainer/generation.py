@@ -10,7 +10,10 @@ from __future__ import annotations
 import time
 from typing import Any, Optional
 
+from hybridrl.controller import WorkerDiedError, WorkerError
 from hybridrl.protocol import DataProto
+
+DEATH_GRACE_S = 10.0  # how long a failed broadcast waits to learn whether a peer died (Ray reports it soon)
 
 
 class ColocatedGeneration:
@@ -58,7 +61,7 @@ class SplitGeneration:
             return {}
         start = time.perf_counter()
         sent, received = self.actor.broadcast_weights(version), self.rollout.receive_weights(version)
-        metrics = dict(sent.get()[0])
+        metrics = dict(_root_cause(sent, received)[0])
         per_rank = received.get()
         metrics["sync_check/max_rel_diff"] = max((m.get("sync_check/max_rel_diff", 0.0) for m in per_rank), default=0.0)
         metrics["timing_s/weight_receive"] = max(m["timing_s/weight_receive"] for m in per_rank)
@@ -78,3 +81,20 @@ class SplitGeneration:
 
     def generate_sequences(self, prompts: DataProto, version: int) -> DataProto:
         return self.finish(self.start(prompts, version))
+
+
+def _root_cause(sender: Any, receivers: Any) -> Any:
+    """The sender's result; when its broadcast failed because a rollout worker died, the death is raised
+    (it names the rank and pid), not the sender's collective error that followed from it."""
+    try:
+        return sender.get()
+    except WorkerDiedError:
+        raise
+    except WorkerError as failed:
+        try:
+            receivers.get(timeout=DEATH_GRACE_S)
+        except WorkerDiedError as died:
+            raise died from failed
+        except WorkerError:
+            pass
+        raise

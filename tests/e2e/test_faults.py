@@ -372,6 +372,33 @@ def test_hung_rank_fails_the_collective_within_dist_timeout_naming_rank_and_role
 
 
 @pytest.mark.timeout(300)
+def test_rollout_worker_kill9_mid_broadcast_names_the_rollout_rank(prepared, tmp_path):
+    """Split placement, one step off: the rollout worker is killed just before its second weight receive (the
+    push of update 1 at step 2), while actor rank 0 already waits in the broadcast. The trainer must fail fast
+    naming the dead rollout rank, not actor rank 0's collective error that follows from it."""
+    out = tmp_path / "ckpt"
+    flag, go, pids_file = str(tmp_path / "paused"), str(tmp_path / "go"), str(tmp_path / "pids.json")
+    helper = ["--flag", flag, "--go", go, "--pids", pids_file, "--pause", "receive_weights:2:before"]
+    args = trainer_args(prepared, out, "trainer.save_freq=-1", "trainer.dist_timeout_s=120",
+                        "actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.rollout.n_gpus_per_node=1",
+                        "actor_rollout_ref.rollout.calculate_log_probs=true", "trainer.one_step_off_policy=true")
+    with Trainer("rollout_killed", tmp_path, args, helper=helper) as t:
+        t.wait_for_file(flag)
+        victim = json.load(open(pids_file))["rollout"][0]
+        assert victim in session_pids(t.proc.pid) and "ray::" in cmdline(victim)
+        os.kill(victim, signal.SIGKILL)
+        start = time.monotonic()
+        open(go, "w").close()
+        rc = t.wait(120)
+        took = time.monotonic() - start
+        assert rc != 0, t.tail()
+        assert took < 60, f"the trainer took {took:.1f} s to fail\n{t.tail()}"
+        assert re.search(rf"WorkerDiedError: worker 'rollout' rank 0 \(pid {victim}\) died during receive_weights\(\)",
+                         t.output), t.tail()
+        t.assert_session_gone(within_s=30)
+
+
+@pytest.mark.timeout(300)
 def test_nonfinite_loss_errors_before_the_checkpoint(prepared, tmp_path):
     # entropy_coeff=1e39 overflows float32 in the loss: an inf loss, NaN gradients
     out = tmp_path / "ckpt"
