@@ -51,6 +51,11 @@ def check_placement(cfg: PPOConfig, device: str, p: Problems,
     p.check(r.nnodes >= 0, f"{ARA}.rollout.nnodes={r.nnodes} must be >= 0")
     p.check(t.backend == "ray", f"{ARA}.hybrid_engine=false needs trainer.backend=ray (torchrun's ranks all train); "
                                 "set trainer.backend=ray")
+    m = cfg.actor_rollout_ref.actor.megatron
+    offloads = [k for k in ("param_offload", "grad_offload", "optimizer_offload") if getattr(m, k)]
+    if offloads:
+        p.notes.append(f"{ARA}.actor.megatron.{{{','.join(offloads)}}}=true have no effect with {ARA}.hybrid_engine=false: "
+                       "the actor offloads to make room for a colocated engine, and its GPUs hold none")
     if t.one_step_off_policy:
         p.check(not cfg.algorithm.filter_groups.enable,
                 "trainer.one_step_off_policy=true with algorithm.filter_groups.enable=true is not supported (dynamic "

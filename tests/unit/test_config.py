@@ -308,6 +308,9 @@ def test_split_placement_lays_the_rollout_on_its_own_gpus():
                                                 "algorithm.rollout_correction.rollout_is_threshold=5.0"],
                                   config_name="grpo_trainer"), cuda_available=lambda: True, gpu_count=lambda: 8)
     assert chosen.derived.algorithm.rollout_correction.rollout_is == "sequence"
+    offload = validate(load_config(GRPO_SPLIT + ["actor_rollout_ref.actor.megatron.param_offload=true"],
+                                   config_name="grpo_trainer"), cuda_available=lambda: True, gpu_count=lambda: 8)
+    assert any("{param_offload}=true have no effect" in n for n in offload.derived.notes)
     sync = validate(load_config(GRPO_SPLIT, config_name="grpo_trainer"), cuda_available=lambda: True, gpu_count=lambda: 8)
     assert sync.derived.placement.split and not sync.derived.placement.one_step_off
     assert sync.derived.algorithm.rollout_correction is None
