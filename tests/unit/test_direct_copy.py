@@ -19,7 +19,7 @@ from hybridrl.adapters.megatron.hf_config import arch_from_hf
 from hybridrl.adapters.megatron.mapping import Topology, hf_to_shard, plan, shard_regions, shards_to_hf
 from hybridrl.hybrid import SyncOptions, WeightSync, WeightSyncError
 from hybridrl.rollout.torch_engine import TorchRolloutEngine
-from hybridrl.rollout.vllm_engine import _weight_views
+from hybridrl.rollout.vllm_weights import _weight_views
 from tests.fixtures.actor_stubs import StubActor
 
 CFG = Qwen2Config(vocab_size=1100, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
@@ -321,7 +321,8 @@ def test_vllm_views_place_routed_and_shared_experts_in_vllms_fused_layout(tp, ex
 
 
 def test_vllm_checksums_of_fused_experts_add_up_every_expert_of_the_layer():
-    from hybridrl.rollout.vllm_engine import VLLMRolloutEngine, _local_sums
+    from hybridrl.rollout.vllm_engine import VLLMRolloutEngine
+    from hybridrl.rollout.vllm_weights import _local_sums
 
     arch = arch_from_hf(MOE_CFG)
     hf = random_hf(arch)

@@ -1,0 +1,185 @@
+"""Where HF-named weights live in vLLM 0.26's parameters, for the direct weight copy and the sync checks:
+fused members (qkv_proj, gate_up_proj), tensor-parallel blocks, routed experts (FusedMoE's w13/w2), and the
+float64 sums the checks compare (hybridrl.hybrid.checks). Pure tensor code: it runs on CPU in the tests with
+fake parameters; only `_local_sums` across tp ranks needs vLLM's process groups.
+"""
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any, Optional
+
+import torch
+
+from .base import covering_views, shaped_view
+
+if TYPE_CHECKING:
+    from hybridrl.adapters.base import WeightRegion
+
+# HF projections that vLLM fuses into one parameter, in the order it stacks them.
+PACKED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+# Routed experts: HF checkpoints name one gate/up/down per expert (<prefix>.experts.<e>.<proj>.weight); vLLM's
+# FusedMoE holds a layer's local experts in two parameters under the same <prefix>.experts module (0.26:
+# ...experts.routed_experts.w13_weight [E_local, 2 f_local, h] = [gate rows; up rows] per expert, and
+# ...w2_weight [E_local, h, f_local]). f_local = f / tp_g and E_local = E (tensor parallel experts, vLLM's
+# default), or f_local = f and E_local = E / tp_g (enable_expert_parallel: rank r holds experts r*E_local..).
+CHECKPOINT_PROJ = {"qwen": ("down_proj", "gate_proj", "up_proj"), "mixtral": ("w2", "w1", "w3")}
+_EXPERT_NAME = re.compile(r"^(?P<prefix>.+\.experts)\.(?P<expert>\d+)\.(?P<proj>gate_proj|up_proj|down_proj|w1|w3|w2)\.weight$")
+
+
+def _expert_of(hf_name: str) -> Optional[tuple[str, int, Optional[int], str]]:
+    """(experts prefix, expert, member of w13 (0 gate, 1 up) or None for w2, naming kind) of an expert weight."""
+    m = _EXPERT_NAME.match(hf_name)
+    if m is None:
+        return None
+    kind = "mixtral" if m["proj"] in ("w1", "w2", "w3") else "qwen"
+    down, gate, up = CHECKPOINT_PROJ[kind]
+    member = {gate: 0, up: 1, down: None}[m["proj"]]
+    return m["prefix"], int(m["expert"]), member, kind
+
+
+def _expert_params(params: dict[str, torch.Tensor]) -> dict[tuple[str, str], str]:
+    """(experts prefix, "w13" | "w2") -> the vLLM parameter name holding them."""
+    out = {}
+    for name in params:
+        for kind in ("w13", "w2"):
+            if name.endswith(f".{kind}_weight") and ".experts." in name:
+                out[(name[: name.index(".experts.") + len(".experts")], kind)] = name
+    return out
+
+
+def _place_expert(p: torch.Tensor, r: WeightRegion, expert: int, member: Optional[int], experts: int, tp: int,
+                  rank: int) -> tuple[Optional[torch.Tensor], int]:
+    """(view of vLLM's fused expert parameter `p` holding region r, HF elements of r's weight held here)."""
+    local = p.shape[0]
+    e = expert if local == experts else expert - rank * local  # expert parallel: a block of experts per rank
+    if not 0 <= e < local:
+        return None, 0
+    ffn_dim = 0 if member is not None else 1  # gate/up: rows of [f, h]; down: columns of [h, f]
+    f_local = p.shape[1] // 2 if member is not None else p.shape[2]
+    lo = rank * f_local if tp > 1 and f_local < r.extent else 0
+    held = f_local * (p.shape[2] if member is not None else p.shape[1])
+    if r.dim != ffn_dim or r.start < lo or r.stop > lo + f_local:
+        return None, held
+    if member is not None:
+        view = p[e].narrow(0, member * f_local + r.start - lo, r.stop - r.start)
+    else:
+        view = p[e].narrow(1, r.start - lo, r.stop - r.start)
+    return shaped_view(view, r.src.shape), held
+
+
+def _num_experts(hf: Any) -> int:
+    return int(getattr(hf, "num_experts", None) or getattr(hf, "num_local_experts", None) or 0)
+
+
+def _vllm_name(hf_name: str) -> tuple[str, int, int]:
+    """(vLLM parameter name, index within its fused group, group size) of an HF weight name."""
+    for fused, members in PACKED.items():
+        for i, m in enumerate(members):
+            if f".{m}." in hf_name:
+                return hf_name.replace(f".{m}.", f".{fused}."), i, len(members)
+    return hf_name, 0, 1
+
+
+def _weight_views(model: torch.nn.Module, regions: list[WeightRegion], tp: int, rank: int,
+                  fused_rows: dict[str, tuple[int, ...]], experts: int = 0) -> list[Optional[torch.Tensor]]:
+    """Where each region lands in this tp rank's vLLM parameters (RolloutEngine.weight_views).
+
+    vLLM's layout on tp rank r of t: a fused parameter stacks its members' local rows (each member's HF
+    rows split t ways); a parameter smaller than the HF weight along the region's dim holds block r of
+    it (vocab rows padded past the HF extent); otherwise all of it. A (parameter, member) gets views only
+    if the regions cover every HF element it holds here; the proof against load_weights (hybrid.direct)
+    checks the rest.
+    """
+    params = dict(model.named_parameters())
+    fused_experts = _expert_params(params) if experts else {}
+    placed: list[tuple[tuple, Optional[torch.Tensor]]] = []
+    need: dict[tuple, int] = {}
+    for r in regions:
+        expert = _expert_of(r.name) if experts else None
+        if expert is not None:
+            prefix, e, member, _ = expert
+            vname = fused_experts.get((prefix, "w13" if member is not None else "w2"))
+            key = (vname, e, member)
+            if vname is None:
+                placed.append((key, None))
+                continue
+            view, need[key] = _place_expert(params[vname], r, e, member, experts, tp, rank)
+            placed.append((key, view))
+            continue
+        vname, member, _ = _vllm_name(r.name)
+        p = params.get(vname)
+        key = (vname, member)
+        if p is None:
+            placed.append((key, None))
+            continue
+        fused = vname.split(".")[-2]
+        # gate_up members have their weight's own rows (the dense MLP's or a shared expert's intermediate size)
+        rows = (r.extent, r.extent) if fused == "gate_up_proj" else fused_rows.get(fused)
+        view, need[key] = _place(p, r, rows, member, tp, rank)
+        placed.append((key, view))
+    return covering_views(placed, need)
+
+
+def _place(p: torch.Tensor, r: WeightRegion, fused: Optional[tuple[int, ...]], member: int, tp: int,
+           rank: int) -> tuple[Optional[torch.Tensor], int]:
+    """(the view of `p` holding region r, the number of HF elements of r's weight that `p` holds here)."""
+    if fused is not None:  # members stacked along dim 0, each split over tp
+        if any(rows % tp for rows in fused):
+            return None, -1  # replicated kv heads: not a plain split
+        local = [rows // tp for rows in fused]
+        dim, lo, n, offset = 0, rank * local[member], local[member], sum(local[:member])
+    else:
+        dim = r.dim
+        if p.dim() <= dim:
+            return None, -1
+        # From shapes, not vLLM's tp attributes: linear weights carry both output_dim and input_dim
+        # whichever they shard, and the tied embedding carried neither at tp_g=2.
+        lo = rank * p.shape[dim] if tp > 1 and p.shape[dim] < r.extent else 0  # a tp block, or all of it
+        n, offset = p.shape[dim], 0
+    held = max(0, min(lo + n, r.extent) - lo) * (p.numel() // p.shape[dim])  # rows past the extent: padding
+    if r.dim != dim or r.start < lo or r.stop > lo + n:
+        return None, held
+    return shaped_view(p.narrow(dim, offset + r.start - lo, r.stop - r.start), r.src.shape), held
+
+
+def _local_sums(model: torch.nn.Module, hf_names: list[str], tp_size: int) -> dict[str, float]:
+    params = dict(model.named_parameters())
+    fused_experts = _expert_params(params)
+    out: dict[str, float] = {}
+    cache: dict[str, float] = {}
+    for hf in hf_names:
+        vname, _, _ = _vllm_name(hf)
+        expert = _expert_of(hf)
+        if expert is not None:  # the fused parameter: every expert of the layer (checksum_terms)
+            vname = fused_experts.get((expert[0], "w13" if expert[2] is not None else "w2"), hf)
+        if vname not in params:
+            if hf == "lm_head.weight" and "model.embed_tokens.weight" in params:
+                vname = "model.embed_tokens.weight"  # tied embeddings
+            else:
+                raise KeyError(f"vLLM model has no parameter for HF weight {hf} (looked for {vname})")
+        if vname not in cache:
+            p = params[vname].detach()
+            local = p.double().sum()
+            if tp_size > 1:
+                sums = torch.empty(tp_size, dtype=local.dtype, device=local.device)
+                torch.distributed.all_gather_into_tensor(sums, local.reshape(1), group=_tp_group())
+                # vLLM's tp attributes are not on every parameter it shards (seen: the tied embedding at
+                # tp_g=2), so a parameter whose ranks hold different sums counts as sharded too
+                sharded = _is_sharded(p) or bool((sums != sums[0]).any())
+                local = sums.sum() if sharded else sums[0]
+            cache[vname] = float(local)
+        out[hf] = cache[vname]
+    return out
+
+
+def _is_sharded(p: torch.Tensor) -> bool:
+    # vLLM tags tensor-parallel weights with input_dim/output_dim; norms and other replicated
+    # weights carry neither. Row-parallel weights shard input_dim, column-parallel output_dim.
+    return getattr(p, "output_dim", None) is not None or getattr(p, "input_dim", None) is not None
+
+
+def _tp_group() -> Any:
+    from vllm.distributed.parallel_state import get_tp_group
+
+    return get_tp_group().device_group
