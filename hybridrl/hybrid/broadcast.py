@@ -86,9 +86,10 @@ class BroadcastGroup:
         self._broadcast(data)
 
     # ------------------------------------------------------------------ receiver
-    def receive(self) -> Iterator[WeightBucket]:
+    def receive(self, check_fraction: float = 1.0, step: int = 0) -> Iterator[WeightBucket]:
         """The buckets rank 0 sends, as views of one received buffer per dtype; after the last one the
-        received tensors are checked against the sender's sums (WeightSyncError names a mismatch)."""
+        received tensors are checked against the sender's sums (WeightSyncError names a mismatch).
+        `check_fraction` and `step` must be the sender's: both sides then sum the same sampled tensors."""
         if self.rank == 0:
             raise RuntimeError("BroadcastGroup.receive on rank 0: rank 0 sends")
         mine: dict[str, tuple[float, float]] = {}
@@ -99,7 +100,8 @@ class BroadcastGroup:
                 return
             bucket = self._receive_bucket(header["entries"])
             for name, t in bucket:
-                mine[name] = (float(tensor_checksum(t)), 0.0)
+                if is_sampled(name, step, check_fraction):
+                    mine[name] = (float(tensor_checksum(t)), 0.0)
             yield bucket
 
     def _receive_bucket(self, entries: list) -> WeightBucket:

@@ -73,9 +73,9 @@ class RolloutWorker(Worker):
         check = self.run.cfg.actor_rollout_ref.rollout.sync_check
         if not self.awake:
             self.engine.wake_up(["weights"])
-        arrived = SentChecksums(version, check.sample_fraction if check.enable else 0.0, self.engine.weight_dtype,
-                                self.engine.checksum_terms)
-        for bucket in self.broadcast.receive():
+        fraction = check.sample_fraction if check.enable else 0.0
+        arrived = SentChecksums(version, fraction, self.engine.weight_dtype, self.engine.checksum_terms)
+        for bucket in self.broadcast.receive(fraction, step=version):
             arrived.record_bucket(bucket)
             self.engine.load_weights(bucket)
             del bucket
