@@ -21,16 +21,78 @@
 #           R3), gap_bench on the same model (bf16 floor), moe_report.py -> results/moe_grpo.json + .md.
 #           MOE_STEPS (4) steps a run, MOE_ARGS: extra trainer overrides for both runs
 #   moetest: tests/gpu/test_vllm_moe.py (tiny Qwen3-MoE: sync, follow, routing agreement, R3)
+#   scale SHAPE: issue 19's scale curve, one Qwen2.5 shape (0.5b|1.5b|3b|7b, random weights) per call: builds
+#           /tmp/m_SHAPE if missing (multi_gpu_bench.py model: weights + the demo's arithmetic data), writes
+#           `hybridrl plan --json` for the exact trainer overrides, runs GRPO through the real trainer on 1 GPU
+#           (vLLM, CUDA graphs) for STEPS (4) steps into $OUT/scale_SHAPE (trainer.max_time_s=SCALE_TIME_S, 150 s
+#           of training, as a guard; the whole call stops at SCALE_BUDGET_S, 570 s), then scale_report.py over every
+#           $OUT/scale_* so far -> results/megatron_scale.json + .md (+ results/megatron_scale/ per-shape files).
+#           The workload is the same for every shape (scale_common); only memory knobs differ (scale_shape_args,
+#           the table the report prints). SCALE_ARGS: extra trainer overrides. CPU=1 PY=.venv/bin/python: the dry
+#           run of the same row on the tiny model (torch engine, trainer.device=cpu, 4x4 samples of 16 tokens, 3 steps)
+#   scalemodel SHAPE...: only build /tmp/m_SHAPE for each shape (e.g. 7b beside `stage`, to keep `scale 7b` short)
+# Issue 19 on one H200 lease (compare timings within a lease), with R=$OUT of the device call and OUT=/tmp/res
+# for the runner. Every call ends with the report over the shapes done so far; bring it back each time (one
+# file): R=$OUT; OUT=/tmp/res bash benchmarks/gpu_run.sh scale 7b; tar czf $R/scale.tgz -C /tmp/res results scale_7b.log
+#   1. stage; scalemodel 7b 3b  ~4 min  (unpack ~1 min; the 7B model ~2 min: random init on the GPU + 15 GB write)
+#   2. scale 0.5b              ~4 min  (model 0.3 min, trainer start-up ~2.5 min, 4 steps < 1 min)
+#   3. scale 7b                ~8 min  (start-up ~4 min: 15 GB load + vLLM compile/capture; 4 steps of ~30-40 s:
+#                                       91 GB of Adam state goes to pinned host memory and back every step)
+#   4. scale 1.5b              ~5 min
+#   5. scale 3b                ~6 min
+# About 27 minutes plus the machine's start: a whole 30-minute session. 7b goes before 1.5b/3b because it is
+# the run most likely to fail (host RAM: ~107 GB pinned of 128 GiB, GPU: the plan leaves 16 GiB); if time runs
+# short, 3b is the one to drop (a later lease reruns 0.5b beside it as the baseline).
 set -u
-MODE=${1:?usage: gpu_run.sh stage|checks|bench|gap|grpo|agent|agentgrpo|report|te|speed|speed7b|moe|moetest}
+MODE=${1:?usage: gpu_run.sh stage|checks|bench|gap|grpo|agent|agentgrpo|report|te|speed|speed7b|moe|moetest|scale SHAPE|scalemodel SHAPE...}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT/results"
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 HF_HUB_OFFLINE=1 \
        VLLM_ENABLE_V1_MULTIPROCESSING=0 HYBRIDRL_MODEL_CACHE=/tmp/mcache TOKENIZERS_PARALLELISM=false
 SMOL=/tmp/smol
+PY=${PY:-python3}  # the scale modes only (CPU=1 dry run: PY=.venv/bin/python)
 
 STEP_TAIL=8
 source "$(dirname "$0")/run_lib.sh"
+
+# The scale curve's per-shape trainer overrides on one H200 (141 GB): memory knobs only, checked with
+# `hybridrl plan` (its numbers for each row are in the run folder's plan.json). All rows pack sequences and cut
+# micro-batches by tokens (scale_common); the budget shrinks with the model's state. 7b: 7.6B params x (2 bf16
+# params + 12 Adam/fp32 master + 4 fp32 grads) = 137 GB does not fit, so its grads reduce in bf16 (-15 GB), layers
+# are recomputed, and the reference model is off (use_kl_loss=false: the reference keeps 15 GB on the GPU, its
+# megatron.param_offload is not implemented). The offload flags only move state while vLLM generates; the hybrid
+# engine moves grads and optimizer state out then anyway.
+scale_shape_args() {
+  case $1 in
+    0.5b) echo "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384" ;;
+    1.5b) echo "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=8192" ;;
+    3b)   echo "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=8192" ;;
+    7b)   echo "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096 actor_rollout_ref.model.enable_gradient_checkpointing=true \
+actor_rollout_ref.actor.megatron.param_offload=true actor_rollout_ref.actor.megatron.grad_offload=true \
+actor_rollout_ref.actor.megatron.optimizer_offload=true +actor_rollout_ref.actor.megatron.override_ddp_config.grad_reduce_in_fp32=false \
+actor_rollout_ref.actor.use_kl_loss=false" ;;
+    *) return 1 ;;
+  esac
+}
+scale_common() {  # scale_common MODEL_DIR RUN_DIR: the workload, the same for every shape
+  local m=$1 run=$2 prompts=16 n=8 resp=256 dev="actor_rollout_ref.rollout.name=vllm trainer.device=cuda"
+  [ "${CPU:-0}" = 1 ] && { prompts=4; n=4; resp=16; dev="actor_rollout_ref.rollout.name=torch trainer.device=cpu"; }
+  echo "--config-name grpo_trainer actor_rollout_ref.model.path=$m data.train_files=$m/data/train.parquet \
+data.val_files=$m/data/test.parquet data.max_prompt_length=64 data.max_response_length=$resp \
+data.train_batch_size=$prompts actor_rollout_ref.actor.ppo_mini_batch_size=$prompts actor_rollout_ref.rollout.n=$n \
+actor_rollout_ref.rollout.ignore_eos=true actor_rollout_ref.model.use_remove_padding=true \
+actor_rollout_ref.actor.use_dynamic_bsz=true actor_rollout_ref.rollout.gpu_memory_utilization=0.4 \
+actor_rollout_ref.rollout.tensor_model_parallel_size=1 trainer.n_gpus_per_node=1 $dev \
+trainer.total_training_steps=${STEPS:-$([ "${CPU:-0}" = 1 ] && echo 3 || echo 4)} \
+trainer.max_time_s=${SCALE_TIME_S:-150} trainer.test_freq=-1 trainer.save_freq=-1 trainer.val_before_train=false \
+trainer.logger=[console,jsonl] trainer.progress_bar=false trainer.default_local_dir=$run"
+}
+scale_model() {  # scale_model SHAPE: /tmp/m_SHAPE (the tiny model on CPU), built when missing; prints its path
+  local shape=$1; [ "${CPU:-0}" = 1 ] && shape=tiny
+  local m=${SCALE_MODELS:-/tmp}/m_$shape
+  [ -f "$m/config.json" ] || step "model_$shape" 300 $PY benchmarks/multi_gpu_bench.py model --dir "$m" --shape $shape >&2
+  echo "$m"
+}
 
 case "$MODE" in
   stage)
@@ -146,5 +208,36 @@ trainer.progress_bar=false ${MOE_ARGS:-}"
   moetest)
     step test_vllm_moe 420 python3 -m pytest -q -x -s tests/gpu/test_vllm_moe.py
     grep -h "^\[moe gpu\]" "$OUT/test_vllm_moe.log"
+    ;;
+  scalemodel)
+    shift; for S in "$@"; do scale_model "$S" > /dev/null; done
+    ;;
+  scale)
+    set -f  # the overrides travel as one word-split string: `[console,jsonl]` must not glob
+    S=${2:?usage: gpu_run.sh scale 0.5b|1.5b|3b|7b}
+    ROW=$(scale_shape_args "$S") || { echo "scale: no row for shape $S in scale_shape_args (gpu_run.sh)"; exit 2; }
+    M=$(scale_model "$S"); RUN=$OUT/scale_$S
+    rm -rf "$RUN"; mkdir -p "$RUN"  # the trainer appends to metrics.jsonl: a rerun starts clean
+    A="$(scale_common "$M" "$RUN") $ROW ${SCALE_ARGS:-}"
+    if [ "${CPU:-0}" = 1 ]; then DEV=cpu; GIB=80; else
+      IFS='|' read -r DEV GIB < <($PY -c "import torch; print(torch.cuda.get_device_name(), '|', \
+f'{torch.cuda.mem_get_info()[1] / 2**30:.1f}', sep='')"); fi
+    # shellcheck disable=SC2086
+    $PY -m hybridrl plan $A --json --gpu-mem-gb "$GIB" > "$RUN/plan.json" 2> "$RUN/plan.err"
+    echo "plan rc=$? ($GIB GiB): $(grep -v -i "warn" "$RUN/plan.err" | tail -n 2)"
+    CMD="$PY -m hybridrl.trainer.main_ppo $A"
+    $PY -c 'import json, sys; a = sys.argv; json.dump({"shape": a[1], "model_shape": a[2], "device": a[3],
+"gpu_memory_gib": float(a[4]), "model_dir": a[5], "shape_overrides": a[6].split(), "extra_overrides": a[7].split(),
+"command": a[8]}, open(a[9], "w"), indent=1)' "$S" "$(basename "$M" | sed 's/^m_//')" "$DEV" "$GIB" "$M" "$ROW" \
+      "${SCALE_ARGS:-}" "$CMD" "$RUN/run.json"
+    LEFT=$(( ${SCALE_BUDGET_S:-570} - SECONDS - 20 ))  # what the call has left, less the report's share
+    [ "$LEFT" -gt 60 ] || LEFT=60
+    echo "scale $S: model $M, trainer for at most ${LEFT}s; progress: tail -f $OUT/scale_$S.log"
+    # shellcheck disable=SC2086
+    step "scale_$S" "$LEFT" $CMD
+    grep -h "start-up\|max_time_s\|Error\|error:" "$OUT/scale_$S.log" | tail -n 4
+    STEP_TAIL=0 step scale_report 20 $PY benchmarks/scale_report.py --in-dir "$OUT" --out "$OUT/results/megatron_scale.json" \
+      --command "OUT=\$OUT ${CPU:+CPU=$CPU }bash benchmarks/gpu_run.sh scale SHAPE  # each run's trainer command: runs.SHAPE.command"
+    cat "$OUT/results/megatron_scale.md" 2>/dev/null
     ;;
 esac

@@ -276,15 +276,19 @@ def unwrap(module: torch.nn.Module) -> torch.nn.Module:
 
 def wrap_ddp(chunks: list[torch.nn.Module], use_distributed_optimizer: bool,
              overrides: Optional[dict[str, Any]] = None) -> list[torch.nn.Module]:
-    """megatron DDP around each chunk (grad buffers in fp32; bucketing only for the first chunk, as megatron does)."""
+    """megatron DDP around each chunk (grad buffers in fp32 unless overrides say grad_reduce_in_fp32=False;
+    bucketing only for the first chunk, as megatron does)."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
-    ddp_config = DistributedDataParallelConfig(
-        grad_reduce_in_fp32=True,
-        overlap_grad_reduce=False,
-        use_distributed_optimizer=use_distributed_optimizer,
-        **(overrides or {}),
-    )
+    # override_ddp_config may set any of these (grad_reduce_in_fp32=false halves the grad buffer; the plan
+    # counts it that way), so they are defaults, not keywords an override would collide with
+    overrides = dict(overrides or {})
+    if overrides.pop("use_distributed_optimizer", use_distributed_optimizer) != use_distributed_optimizer:
+        raise ValueError("override_ddp_config.use_distributed_optimizer differs from the optimizer's: set "
+                         "megatron.use_distributed_optimizer instead")
+    kwargs = {"grad_reduce_in_fp32": True, "overlap_grad_reduce": False, **overrides,
+              "use_distributed_optimizer": use_distributed_optimizer}
+    ddp_config = DistributedDataParallelConfig(**kwargs)
     config = unwrap(chunks[0]).config
     return [DistributedDataParallel(config=config, ddp_config=ddp_config, module=chunk,
                                     disable_bucketing=i > 0) for i, chunk in enumerate(chunks)]

@@ -7,7 +7,8 @@ megatron-core 0.16 assumes a GPU in a few places (../shared/notes/megatron-cpu.m
     device, call `.cuda()`, torch.cuda streams/synchronize, and assert tensor type names such as
     'torch.cuda.FloatTensor'.
 Instead of editing installed files, `apply()` (only when no CUDA device is used) installs
-  1. a CPU RNG tracker in tensor_parallel.random (same tracker names and seeds as megatron's),
+  1. a CPU RNG tracker in tensor_parallel.random (same tracker names and seeds as megatron's), and no CUDA
+     generator state for activation recompute to save and restore,
   2. no-op torch.cuda stream/synchronize/current_device stand-ins,
   3. a torch function mode that maps device "cuda"/"cuda:N"/int to cpu, makes `.cuda()` a no-op
      and reports CPU tensor type names as their CUDA names;
@@ -202,6 +203,19 @@ def _install_rng_tracker() -> None:
     if not isinstance(mrandom._CUDA_RNG_STATE_TRACKER, _CpuRNGTracker):
         mrandom._CUDA_RNG_STATE_TRACKER = _CpuRNGTracker()
         mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+    # Activation recompute (CheckpointFunction) saves and restores the CPU generator, the tracker's states and
+    # the CUDA generator's; the last one asks torch.cuda and fails without CUDA. Nothing draws from a CUDA
+    # generator here, so there is no state to keep.
+    mrandom._get_cuda_rng_state = _no_cuda_rng_state
+    mrandom._set_cuda_rng_state = _set_no_cuda_rng_state
+
+
+def _no_cuda_rng_state(*args: Any, **kwargs: Any) -> torch.Tensor:
+    return torch.empty(0, dtype=torch.uint8)
+
+
+def _set_no_cuda_rng_state(*args: Any, **kwargs: Any) -> None:
+    return None
 
 
 def _backward_in_mode(func: Any, args: tuple, kwargs: dict) -> None:

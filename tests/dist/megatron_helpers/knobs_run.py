@@ -1,0 +1,69 @@
+"""One torchrun launch: the memory knobs of the scale runs (benchmarks/gpu_run.sh scale) against the plain actor.
+
+Two PPO updates of the tiny Qwen2 actor (run_layout.py's batch, configs and plan; packed micro-batches cut by
+tokens, as the scale runs do) with
+  plain      no knob
+  recompute  actor_rollout_ref.model.enable_gradient_checkpointing (megatron full recompute of every layer)
+  bf16_grads megatron.override_ddp_config.grad_reduce_in_fp32=false (the CPU trains in float32, so the grad
+             buffer stays float32 and the numbers must not move; the test checks the flag reached megatron's DDP)
+and the log-probs after the updates; rank<N>.json for the test to compare.
+
+    python -m torch.distributed.run --standalone --nproc_per_node=1 knobs_run.py --models DIR --out DIR
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from types import SimpleNamespace
+
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
+
+import run_layout  # noqa: E402
+
+from hybridrl.adapters.megatron import parallel  # noqa: E402
+from hybridrl.config.schema.actor import ModelConfig  # noqa: E402
+
+KNOBS = {"plain": ({}, {}), "recompute": ({"enable_gradient_checkpointing": True}, {}),
+         "bf16_grads": ({}, {"grad_reduce_in_fp32": False})}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--models", required=True)
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    layout_args = SimpleNamespace(tp=1, pp=1, vpp=None, sp=False, ep=1)
+    parallel.ensure_process_group(timeout_s=300)
+    layout = parallel.layout_for(dist.get_world_size(), tp=1, pp=1)
+    parallel.init_megatron(layout, seed=7)
+    from hybridrl.adapters.megatron.actor import MegatronActor
+
+    data = run_layout.ppo_data(layout)
+    plan = run_layout.batch_plan(layout, micro=2, dynamic=True, max_tokens=40)
+    out: dict = {"rank": dist.get_rank()}
+    for name, (model_knobs, ddp) in KNOBS.items():
+        model = ModelConfig(path=os.path.join(args.models, "qwen2"), use_remove_padding=True, **model_knobs)
+        cfg = run_layout.actor_cfgs(layout_args, micro=2, dynamic=True, distributed_optimizer=True)
+        cfg = dataclasses.replace(cfg, megatron=dataclasses.replace(cfg.megatron, override_ddp_config=ddp))
+        actor = MegatronActor(model, cfg, layout, plan)
+        steps = [actor.update_policy(data), actor.update_policy(data)]
+        after = actor.compute_log_prob(data).batch["log_probs"]
+        ddp_config = actor.engine.chunks[0].ddp_config
+        out[name] = {"steps": steps, "log_probs_after": after.tolist(),
+                     "grad_reduce_in_fp32": ddp_config.grad_reduce_in_fp32,
+                     "recompute_granularity": actor.engine.chunks[0].config.recompute_granularity}
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, f"rank{dist.get_rank()}.json"), "w") as f:
+        json.dump(out, f, indent=1)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

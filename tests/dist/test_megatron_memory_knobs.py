@@ -1,0 +1,51 @@
+"""The memory knobs the one-GPU scale runs use (benchmarks/gpu_run.sh scale), on CPU in one torchrun process:
+full activation recompute and grad_reduce_in_fp32=false give the plain actor's two PPO updates and log-probs
+(knobs_run.py). Both used to fail before the first update: recompute asked torch.cuda for an RNG state, and the
+DDP override collided with the adapter's own grad_reduce_in_fp32 keyword."""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "megatron_helpers"))
+
+import tiny  # noqa: E402
+
+import launch  # noqa: E402
+
+pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
+
+REL_TOL = 1e-5  # float32 on CPU: recompute runs the same kernels again on the same inputs
+KEYS = ["actor/pg_loss", "actor/grad_norm", "actor/kl_loss", "actor/entropy", "actor/ppo_kl"]
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+    models = str(tmp_path_factory.mktemp("models"))
+    tiny.make_model("qwen2", models)
+    out = str(tmp_path_factory.mktemp("out"))
+    launch.torchrun("knobs_run.py", 1, ["--models", models, "--out", out], 240)
+    return launch.rank_results(out)[0]
+
+
+def _close(a: float, b: float) -> bool:
+    return abs(a - b) <= REL_TOL * max(abs(a), abs(b), 1e-8)
+
+
+@pytest.mark.parametrize("knob", ["recompute", "bf16_grads"])
+def test_knob_reproduces_the_plain_updates(result, knob):
+    plain, run = result["plain"], result[knob]
+    assert plain["steps"][0]["actor/grad_norm"] > 0 and plain["steps"][1]["actor/pg_loss"] != plain["steps"][0]["actor/pg_loss"]
+    for step, (want, got) in enumerate(zip(plain["steps"], run["steps"])):
+        for key in KEYS:
+            assert _close(want[key], got[key]), f"{knob} update {step + 1} {key}: {got[key]} vs plain {want[key]}"
+    diff = max(abs(a - b) for ra, rb in zip(plain["log_probs_after"], run["log_probs_after"]) for a, b in zip(ra, rb))
+    assert diff < 1e-5, f"{knob}: log-probs after two updates differ from the plain actor's by {diff}"
+
+
+def test_knobs_reach_megatron(result):
+    assert result["plain"]["recompute_granularity"] is None and result["recompute"]["recompute_granularity"] == "full"
+    assert result["plain"]["grad_reduce_in_fp32"] is True and result["bf16_grads"]["grad_reduce_in_fp32"] is False
