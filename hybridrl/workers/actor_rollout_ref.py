@@ -22,7 +22,7 @@ from hybridrl.utils.device import device_memory_used, train_peak_memory
 from hybridrl.utils.imports import load_object
 from hybridrl.utils.timing import timed
 
-from .common import build_agent, load_tokenizer_for, sampling_for, setup_process
+from .common import build_agent, load_tokenizer_for, onloaded, sampling_for, setup_process
 
 ROLLOUT_MESH = "rollout"
 ARA_HYBRID = "actor_rollout_ref.hybrid_engine"
@@ -88,6 +88,8 @@ class ActorRolloutRefWorker(Worker):
         if d.use_reference:
             with timed(times, "ref_build"):
                 self.ref = MegatronActor.reference(model, ara.ref, d.actor, d.ref_forward_micro_batch_per_gpu)
+            if ara.ref.megatron.param_offload:  # its weights wait in host memory for its log-prob pass
+                self.ref.offload(params=True, grads=False, optimizer=False)
         if d.placement.split:  # the rollout has its own workers (rollout.py); weights go by broadcast
             info = self.actor.dispatch_info()
             self.set_dispatch_info(info.dp_rank, info.dp_size, info.is_collect)
@@ -158,7 +160,9 @@ class ActorRolloutRefWorker(Worker):
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         if self.ref is None:
             raise RuntimeError("compute_ref_log_prob: no reference model (use_kl_loss and use_kl_in_reward are off)")
-        out = self.ref.compute_log_prob(data, calculate_entropy=False)
+        with onloaded(self.ref, params=self.run.cfg.actor_rollout_ref.ref.megatron.param_offload, grads=False,
+                      optimizer=False):
+            out = self.ref.compute_log_prob(data, calculate_entropy=False)
         return DataProto.from_dict({"ref_log_prob": out.batch["log_probs"]})
 
     @register(Dispatch.MESH_COMPUTE_PROTO)

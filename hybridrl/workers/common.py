@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import torch
 
@@ -51,3 +52,22 @@ def build_agent(run: RunConfig, tokenizer: Any) -> Any:
 
     return AgentRollout.from_config(multi_turn, run.cfg.data.max_response_length, tokenizer,
                                     run.cfg.data.apply_chat_template_kwargs)
+
+
+@contextmanager
+def onloaded(role: Any, params: bool, grads: bool, optimizer: bool) -> Iterator[None]:
+    """An idle role's offloaded state (megatron.{param,grad,optimizer}_offload) on the device for the block, and
+    offloaded again after it, also when the block raised. On CPU both moves are no-ops."""
+    if not (params or grads or optimizer):
+        yield
+        return
+    role.onload(params=params, grads=grads, optimizer=optimizer)
+    try:
+        yield
+    finally:
+        role.offload(params=params, grads=grads, optimizer=optimizer)
+
+
+def offload_flags(megatron_cfg: Any) -> dict[str, bool]:
+    return {"params": bool(megatron_cfg.param_offload), "grads": bool(megatron_cfg.grad_offload),
+            "optimizer": bool(megatron_cfg.optimizer_offload)}

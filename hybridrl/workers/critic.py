@@ -1,4 +1,7 @@
-"""CriticWorker: the value model, colocated with the actor (same processes, same Megatron layout)."""
+"""CriticWorker: the value model, colocated with the actor (same processes, same Megatron layout).
+
+critic.megatron.{param,grad,optimizer}_offload keep that state in host memory while the critic is idle: it comes
+back for the critic's own calls (values, update, checkpoints) and leaves after them."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,7 +12,7 @@ from hybridrl.config import RunConfig
 from hybridrl.controller import Dispatch, Worker, register
 from hybridrl.protocol import DataProto
 
-from .common import setup_process
+from .common import offload_flags, onloaded, setup_process
 
 
 class CriticWorker(Worker):
@@ -30,20 +33,30 @@ class CriticWorker(Worker):
         self.critic = MegatronCritic(cfg, d.critic, d.critic_batch, total_training_steps=self.total_training_steps)
         info = self.critic.dispatch_info()
         self.set_dispatch_info(info.dp_rank, info.dp_size, info.is_collect)
+        if any(self._offload.values()):
+            self.critic.offload(**self._offload)
         return {"rank": self.rank, "seconds": time.perf_counter() - start}
+
+    @property
+    def _offload(self) -> dict[str, bool]:
+        return offload_flags(self.run.cfg.critic.megatron)
 
     @register(Dispatch.MESH_COMPUTE_PROTO)
     def compute_values(self, data: DataProto) -> DataProto:
-        return self.critic.compute_values(data)
+        with onloaded(self.critic, params=self._offload["params"], grads=False, optimizer=False):
+            return self.critic.compute_values(data)
 
     @register(Dispatch.MESH_COMPUTE_PROTO)
     def update_critic(self, data: DataProto) -> DataProto:
-        return DataProto(meta_info={"metrics": self.critic.update_critic(data)})
+        with onloaded(self.critic, **self._offload):
+            return DataProto(meta_info={"metrics": self.critic.update_critic(data)})
 
     @register(Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:
-        self.critic.save_checkpoint(path)
+        with onloaded(self.critic, **self._offload):
+            self.critic.save_checkpoint(path)
 
     @register(Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> None:
-        self.critic.load_checkpoint(path)
+        with onloaded(self.critic, **self._offload):
+            self.critic.load_checkpoint(path)

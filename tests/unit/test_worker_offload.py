@@ -1,0 +1,94 @@
+"""Idle roles honour their megatron.*_offload flags: the reference's weights and the critic's state live in host
+memory between their calls (what `hybridrl plan` counts), and come back for exactly the calls that need them."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hybridrl.config import load_config, validate
+from hybridrl.protocol import DataProto
+from hybridrl.workers import ActorRolloutRefWorker, CriticWorker
+from hybridrl.workers.common import onloaded
+
+
+class Role:
+    """Records moves and which state was on the device during each call."""
+
+    def __init__(self, on_device: dict[str, bool]) -> None:
+        self.on, self.log = dict(on_device), []
+
+    def offload(self, params: bool, grads: bool, optimizer: bool) -> None:
+        self._move(params, grads, optimizer, False)
+
+    def onload(self, params: bool, grads: bool, optimizer: bool) -> None:
+        self._move(params, grads, optimizer, True)
+
+    def _move(self, params: bool, grads: bool, optimizer: bool, to_device: bool) -> None:
+        for kind, wanted in (("params", params), ("grads", grads), ("optimizer", optimizer)):
+            if wanted:
+                assert self.on[kind] != to_device, f"{kind} moved twice the same way"
+                self.on[kind] = to_device
+        self.log.append(("onload" if to_device else "offload", params, grads, optimizer))
+
+    def _call(self, name: str, result):
+        self.log.append((name, dict(self.on)))
+        return result
+
+    def compute_log_prob(self, data, calculate_entropy=False):
+        return self._call("log_prob", DataProto.from_dict({"log_probs": torch.zeros(1, 1)}))
+
+    def compute_values(self, data):
+        return self._call("values", DataProto.from_dict({"values": torch.zeros(1, 1)}))
+
+    def update_critic(self, data):
+        return self._call("update", {"critic/vf_loss": 0.0})
+
+    def save_checkpoint(self, path):
+        self._call("save", None)
+
+
+def run_with(*overrides: str):
+    cfg = load_config(["critic.enable=true", "critic.ppo_micro_batch_size_per_gpu=8", "trainer.device=cpu", *overrides],
+                      config_name="demo")
+    return validate(cfg, cuda_available=lambda: False)
+
+
+def test_critic_state_comes_back_only_for_its_calls():
+    run = run_with("critic.megatron.param_offload=true", "critic.megatron.optimizer_offload=true")
+    worker = CriticWorker.__new__(CriticWorker)
+    worker.run = run
+    worker.critic = Role({"params": False, "grads": True, "optimizer": False})  # as init_model leaves it
+    batch = DataProto.from_dict({"x": torch.zeros(1, 1)})
+    worker.compute_values(batch)
+    worker.update_critic(batch)
+    worker.save_checkpoint("unused")
+    on = {"params": True, "grads": True, "optimizer": True}
+    assert worker.critic.log == [
+        ("onload", True, False, False), ("values", on | {"optimizer": False}), ("offload", True, False, False),
+        ("onload", True, False, True), ("update", on), ("offload", True, False, True),
+        ("onload", True, False, True), ("save", on), ("offload", True, False, True),
+    ]
+    assert worker.critic.on == {"params": False, "grads": True, "optimizer": False}
+
+
+def test_reference_weights_come_back_for_its_log_prob_pass_only():
+    run = run_with("actor_rollout_ref.ref.megatron.param_offload=true", "actor_rollout_ref.actor.use_kl_loss=true")
+    worker = ActorRolloutRefWorker.__new__(ActorRolloutRefWorker)
+    worker.run = run
+    worker.ref = Role({"params": False, "grads": False, "optimizer": False})
+    out = worker.compute_ref_log_prob(DataProto.from_dict({"x": torch.zeros(1, 1)}))
+    assert "ref_log_prob" in out.batch
+    assert worker.ref.log == [("onload", True, False, False), ("log_prob", {"params": True, "grads": False,
+                                                                             "optimizer": False}),
+                              ("offload", True, False, False)]
+
+
+def test_without_flags_nothing_moves_and_errors_still_offload():
+    role = Role({"params": True, "grads": True, "optimizer": True})
+    with onloaded(role, params=False, grads=False, optimizer=False):
+        pass
+    assert role.log == []
+    role = Role({"params": False, "grads": True, "optimizer": True})
+    with pytest.raises(RuntimeError, match="boom"), onloaded(role, params=True, grads=False, optimizer=False):
+        raise RuntimeError("boom")
+    assert role.log == [("onload", True, False, False), ("offload", True, False, False)]
