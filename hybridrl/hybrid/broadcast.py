@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import time
 from typing import Iterable, Iterator, Optional
 
 import torch
 import torch.distributed as dist
 
-from .checks import WeightSyncError, is_sampled, tensor_abs_sum, tensor_checksum
+from .checks import SentChecksums, WeightSyncError
 
 WeightBucket = list[tuple[str, torch.Tensor]]
 _BUCKET, _END = "bucket", "end"
@@ -57,17 +58,16 @@ class BroadcastGroup:
         if self.rank != 0:
             raise RuntimeError(f"BroadcastGroup.send on rank {self.rank}: only rank 0 sends")
         start = time.perf_counter()
-        sums: dict[str, tuple[float, float]] = {}
+        sent = SentChecksums(step, check_fraction)  # sums stay on the device until the end: one host sync
         total = count = 0
         for bucket in buckets:
             self._send_bucket(bucket)
-            for name, t in bucket:
-                if is_sampled(name, step, check_fraction):
-                    sums[name] = (float(tensor_checksum(t)), float(tensor_abs_sum(t)))
-                total += t.numel() * t.element_size()
+            sent.record_bucket(bucket)
+            total += sum(t.numel() * t.element_size() for _, t in bucket)
             count += 1
             del bucket
-        self._send_header({"kind": _END, "sums": sums, "buckets": count})
+        sums, scales = sent.values()
+        self._send_header({"kind": _END, "sums": {n: (sums[n], scales[n]) for n in sums}, "buckets": count})
         return {"weight_broadcast/bytes": float(total), "weight_broadcast/buckets": float(count),
                 "timing_s/weight_broadcast": time.perf_counter() - start}
 
@@ -92,28 +92,26 @@ class BroadcastGroup:
         `check_fraction` and `step` must be the sender's: both sides then sum the same sampled tensors."""
         if self.rank == 0:
             raise RuntimeError("BroadcastGroup.receive on rank 0: rank 0 sends")
-        mine: dict[str, tuple[float, float]] = {}
+        arrived = SentChecksums(step, check_fraction)
         while True:
             header = self._receive_header()
             if header["kind"] == _END:
-                _compare(header["sums"], mine, self.rank)
+                _compare(header["sums"], arrived.values()[0], self.rank)
                 return
             bucket = self._receive_bucket(header["entries"])
-            for name, t in bucket:
-                if is_sampled(name, step, check_fraction):
-                    mine[name] = (float(tensor_checksum(t)), 0.0)
+            arrived.record_bucket(bucket)
             yield bucket
 
     def _receive_bucket(self, entries: list) -> WeightBucket:
         out: dict[str, torch.Tensor] = {}
         for dtype in _dtype_order(entries):
             members = [e for e in entries if e[2] == dtype]
-            numel = sum(_numel(shape) for _, shape, _ in members)
+            numel = sum(math.prod(shape) for _, shape, _ in members)
             flat = torch.empty(numel, dtype=getattr(torch, dtype), device=self.device)
             self._broadcast(flat)
             offset = 0
             for name, shape, _ in members:
-                n = _numel(shape)
+                n = math.prod(shape)
                 out[name] = flat[offset:offset + n].view(tuple(shape))
                 offset += n
         return [(name, out[name]) for name, _, _ in entries]
@@ -146,25 +144,15 @@ class BroadcastGroup:
 
 
 def _dtype_order(entries: list) -> list[str]:
-    seen: list[str] = []
-    for _, _, dtype in entries:
-        if dtype not in seen:
-            seen.append(dtype)
-    return seen
+    return list(dict.fromkeys(dtype for _, _, dtype in entries))
 
 
-def _numel(shape: tuple) -> int:
-    n = 1
-    for s in shape:
-        n *= int(s)
-    return n
-
-
-def _compare(sent: dict[str, tuple[float, float]], received: dict[str, tuple[float, float]], rank: int) -> None:
+def _compare(sent: dict[str, tuple[float, float]], received: dict[str, float], rank: int) -> None:
+    """`sent`: name -> (sum, sum of magnitudes) from the sender; `received`: name -> sum of what arrived."""
     for name, (total, scale) in sent.items():
         if name not in received:
             raise WeightSyncError(f"weight broadcast: rank {rank} never received {name!r}")
-        got = received[name][0]
+        got = received[name]
         if abs(got - total) > 1e-9 * max(scale, 1e-30):
             raise WeightSyncError(f"weight broadcast: rank {rank} received {name!r} with checksum {got!r}, the sender "
                                   f"sent {total!r}")

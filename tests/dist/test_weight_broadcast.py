@@ -71,8 +71,8 @@ def test_broadcast_delivers_every_tensor_bitwise():
 
 def test_compare_names_a_corrupted_or_missing_tensor():
     sent = {"w": (10.0, 20.0), "b": (1.0, 1.0)}
-    _compare(sent, {"w": (10.0, 0.0), "b": (1.0, 0.0)}, rank=1)
+    _compare(sent, {"w": 10.0, "b": 1.0}, rank=1)
     with pytest.raises(WeightSyncError, match=r"rank 2 received 'w' with checksum 10.5"):
-        _compare(sent, {"w": (10.5, 0.0), "b": (1.0, 0.0)}, rank=2)
+        _compare(sent, {"w": 10.5, "b": 1.0}, rank=2)
     with pytest.raises(WeightSyncError, match=r"never received 'b'"):
-        _compare(sent, {"w": (10.0, 0.0)}, rank=1)
+        _compare(sent, {"w": 10.0}, rank=1)
