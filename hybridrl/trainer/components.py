@@ -160,7 +160,7 @@ class Components:
         parts = {"actor": self.actor_group.save_checkpoint}
         if self.critic_group is not None:
             parts["critic"] = self.critic_group.save_checkpoint
-        state = TrainerState(global_step=step, dataloader=loader_state or self.train_loader.state_dict(),
+        state = TrainerState(global_step=step, dataloader=self.train_loader.state_dict() if loader_state is None else loader_state,
                              kl_ctrl={"value": float(self.kl_ctrl.value)})
         if self.is_rank0:
             self.ckpt.save(step, parts, state)

@@ -16,7 +16,19 @@ from hybridrl.protocol import DataProto
 DEATH_GRACE_S = 10.0  # how long a failed broadcast waits to learn whether a peer died (Ray reports it soon)
 
 
-class ColocatedGeneration:
+class _Generation:
+    def start(self, prompts: DataProto, version: int) -> Any:
+        raise NotImplementedError
+
+    def finish(self, handle: Any) -> DataProto:
+        raise NotImplementedError
+
+    def generate_sequences(self, prompts: DataProto, version: int) -> DataProto:
+        """start + finish: for callers that wait for their samples (validation, ReMax's baselines)."""
+        return self.finish(self.start(prompts, version))
+
+
+class ColocatedGeneration(_Generation):
     """The hybrid engine: every generate call syncs the actor's current weights in place (hybridrl.hybrid)."""
 
     def __init__(self, actor_group: Any) -> None:
@@ -30,17 +42,13 @@ class ColocatedGeneration:
     def finish(self, handle: Any) -> DataProto:
         return handle
 
-    def generate_sequences(self, prompts: DataProto, version: int) -> DataProto:
-        return self.finish(self.start(prompts, version))
 
-
-class SplitGeneration:
+class SplitGeneration(_Generation):
     """Rollout workers on their own GPUs (hybridrl.workers.rollout): weights arrive by broadcast from actor rank 0."""
 
     def __init__(self, actor_group: Any, rollout_group: Any) -> None:
         self.actor, self.rollout = actor_group, rollout_group
         self.version: Optional[int] = None  # what the rollout holds
-        self.last_push: dict[str, float] = {}
 
     @classmethod
     def connect(cls, actor_group: Any, rollout_group: Any) -> "SplitGeneration":
@@ -66,7 +74,7 @@ class SplitGeneration:
         metrics["sync_check/max_rel_diff"] = max((m.get("sync_check/max_rel_diff", 0.0) for m in per_rank), default=0.0)
         metrics["timing_s/weight_receive"] = max(m["timing_s/weight_receive"] for m in per_rank)
         metrics["timing_s/weight_push"] = time.perf_counter() - start
-        self.version, self.last_push = version, metrics
+        self.version = version
         return metrics
 
     def start(self, prompts: DataProto, version: int) -> Any:
@@ -78,9 +86,6 @@ class SplitGeneration:
         out = future.get()
         out.meta_info.setdefault("metrics", {}).update(pushed)
         return out
-
-    def generate_sequences(self, prompts: DataProto, version: int) -> DataProto:
-        return self.finish(self.start(prompts, version))
 
 
 def _root_cause(sender: Any, receivers: Any) -> Any:

@@ -22,7 +22,7 @@ from hybridrl.utils.device import device_memory_used, train_peak_memory
 from hybridrl.utils.imports import load_object
 from hybridrl.utils.timing import timed
 
-from .common import build_agent, load_tokenizer_for, onloaded, sampling_for, setup_process
+from .common import build_agent, build_rollout_engine, load_tokenizer_for, onloaded, sampling_for, setup_process
 
 ROLLOUT_MESH = "rollout"
 ARA_HYBRID = "actor_rollout_ref.hybrid_engine"
@@ -74,7 +74,6 @@ class ActorRolloutRefWorker(Worker):
         from hybridrl.adapters.megatron import MegatronActor
         from hybridrl.hybrid.plan import ReshardPlan
         from hybridrl.hybrid.weight_sync import SyncOptions, WeightSync
-        from hybridrl.rollout.factory import build_engine
 
         run, d = self.run, self.run.derived
         ara = run.cfg.actor_rollout_ref
@@ -103,12 +102,7 @@ class ActorRolloutRefWorker(Worker):
         self.actor.offload(params=True, grads=True, optimizer=True)
         before = device_memory_used()
         with timed(times, "engine_init"):
-            self.engine = build_engine(
-                d.rollout.engine, self.model_dir, ara.rollout, tp_g=d.rollout.tp, tokenizer=tokenizer,
-                hf_config=hf_config, device=device, trust_remote_code=ara.model.trust_remote_code,
-                max_model_len=run.cfg.data.max_prompt_length + run.cfg.data.max_response_length,
-                max_batch_rows=self.max_rollout_rows,
-            )
+            self.engine = build_rollout_engine(run, self.model_dir, hf_config, tokenizer, device, self.max_rollout_rows)
         times.update(self.engine.startup_times())
         awake = device_memory_used()
         self.engine.sleep()

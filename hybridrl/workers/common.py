@@ -71,3 +71,15 @@ def onloaded(role: Any, params: bool, grads: bool, optimizer: bool) -> Iterator[
 def offload_flags(megatron_cfg: Any) -> dict[str, bool]:
     return {"params": bool(megatron_cfg.param_offload), "grads": bool(megatron_cfg.grad_offload),
             "optimizer": bool(megatron_cfg.optimizer_offload)}
+
+
+def build_rollout_engine(run: RunConfig, model_dir: str, hf_config: Any, tokenizer: Any, device: torch.device,
+                         max_batch_rows: Any) -> Any:
+    """The rollout engine of this process (colocated with the actor or on its own GPU), from the job's config."""
+    from hybridrl.rollout.factory import build_engine
+
+    ara, d = run.cfg.actor_rollout_ref, run.derived
+    return build_engine(d.rollout.engine, model_dir, ara.rollout, tp_g=d.rollout.tp, tokenizer=tokenizer,
+                        hf_config=hf_config, device=device, trust_remote_code=ara.model.trust_remote_code,
+                        max_model_len=run.cfg.data.max_prompt_length + run.cfg.data.max_response_length,
+                        max_batch_rows=max_batch_rows)

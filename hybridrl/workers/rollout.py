@@ -17,7 +17,7 @@ from hybridrl.protocol import DataProto
 from hybridrl.utils.timing import timed
 
 from .actor_rollout_ref import ROLLOUT_COMPUTE_PROTO, ROLLOUT_MESH
-from .common import build_agent, load_tokenizer_for, sampling_for, setup_process
+from .common import build_agent, build_rollout_engine, load_tokenizer_for, sampling_for, setup_process
 
 
 class RolloutWorker(Worker):
@@ -34,7 +34,6 @@ class RolloutWorker(Worker):
         """Build the engine on placeholder weights (the first broadcast fills them) and declare the replicas."""
         from transformers import AutoConfig
 
-        from hybridrl.rollout.factory import build_engine
 
         run, d = self.run, self.run.derived
         ara = run.cfg.actor_rollout_ref
@@ -44,12 +43,7 @@ class RolloutWorker(Worker):
                                                **ara.model.override_config)
         tokenizer = load_tokenizer_for(self.model_dir, run)
         with timed(times, "engine_init"):
-            self.engine = build_engine(
-                d.rollout.engine, self.model_dir, ara.rollout, tp_g=d.rollout.tp, tokenizer=tokenizer,
-                hf_config=hf_config, device=device, trust_remote_code=ara.model.trust_remote_code,
-                max_model_len=run.cfg.data.max_prompt_length + run.cfg.data.max_response_length,
-                max_batch_rows=self.max_rollout_rows,
-            )
+            self.engine = build_rollout_engine(run, self.model_dir, hf_config, tokenizer, device, self.max_rollout_rows)
         times.update(self.engine.startup_times())
         self.engine.sleep()  # no weights yet: the first broadcast wakes it
         self.agent = build_agent(run, tokenizer)
