@@ -92,6 +92,7 @@ class Trainer:
     def __init__(self, name: str, folder, args: list[str], helper: Optional[list[str]] = None,
                  env: Optional[dict] = None) -> None:
         self.name, self.folder = name, str(folder)
+        self.victim: Optional[int] = None  # a worker signalled by signal_at_pause
         self.stdout_path = os.path.join(self.folder, f"{name}.stdout")
         self.stderr_path = os.path.join(self.folder, f"{name}.stderr")
         cmd = [sys.executable, LAUNCH, *(helper or []), "--", *args] if helper is not None else \
@@ -133,6 +134,21 @@ class Trainer:
             if time.monotonic() > deadline:
                 raise AssertionError(f"{self.name}: no {path} after {timeout} s\n{self.tail()}")
             time.sleep(0.05)
+
+    def signal_at_pause(self, flag: str, go: str, pids_file: str, role: str, rank: int, sig: int,
+                        wait_s: float) -> tuple[int, int, float]:
+        """At the launch helper's pause: send `sig` to worker `role` rank `rank`, let the trainer go on and wait
+        for it to exit. Returns (the worker's pid, the trainer's exit code, seconds from the signal to the exit);
+        `self.victim` holds the pid from the moment it is signalled."""
+        self.wait_for_file(flag)
+        victim = json.load(open(pids_file))[role][rank]
+        assert victim in session_pids(self.proc.pid) and "ray::" in cmdline(victim)
+        self.victim = victim
+        os.kill(victim, sig)
+        start = time.monotonic()
+        open(go, "w").close()
+        rc = self.wait(wait_s)
+        return victim, rc, time.monotonic() - start
 
     def assert_session_gone(self, within_s: float) -> None:
         """After the trainer exited: nothing it started (Ray services, workers) may stay alive."""
@@ -294,14 +310,8 @@ def test_worker_kill9_then_sigterm_mid_save_then_resume_matches_reference(prepar
     flag, go, pids_file = str(tmp_path / "paused"), str(tmp_path / "go"), str(tmp_path / "pids.json")
     helper = ["--flag", flag, "--go", go, "--pids", pids_file, "--pause", "update_actor:3:before"]
     with Trainer("worker_killed", tmp_path, trainer_args(prepared, out), helper=helper) as t:
-        t.wait_for_file(flag)
-        victim = json.load(open(pids_file))["actor_rollout_ref"][1]
-        assert victim in session_pids(t.proc.pid) and "ray::" in cmdline(victim)
-        os.kill(victim, signal.SIGKILL)  # rank 1 dies; rank 0 will meet it in the update's all-reduce
-        start = time.monotonic()
-        open(go, "w").close()
-        rc = t.wait(120)
-        took = time.monotonic() - start
+        # rank 1 dies; rank 0 will meet it in the update's all-reduce
+        victim, rc, took = t.signal_at_pause(flag, go, pids_file, "actor_rollout_ref", 1, signal.SIGKILL, 120)
         assert rc != 0, t.tail()
         assert took < 60, f"the trainer took {took:.1f} s to fail\n{t.tail()}"
         assert re.search(rf"WorkerDiedError: worker 'actor_rollout_ref' rank 1 \(pid {victim}\) died during "
@@ -345,17 +355,10 @@ def test_hung_rank_fails_the_collective_within_dist_timeout_naming_rank_and_role
     helper = ["--flag", flag, "--go", go, "--pids", pids_file, "--pause", "update_actor:1:before"]
     args = trainer_args(prepared, out, "trainer.total_training_steps=1", "trainer.save_freq=-1",
                         f"trainer.dist_timeout_s={dist_timeout}", "trainer.worker_timeout_s=200")
-    victim = None
+    t = Trainer("hung", tmp_path, args, helper=helper)
     try:
-        with Trainer("hung", tmp_path, args, helper=helper) as t:
-            t.wait_for_file(flag)
-            victim = json.load(open(pids_file))["actor_rollout_ref"][1]
-            assert "ray::" in cmdline(victim)
-            os.kill(victim, signal.SIGSTOP)
-            start = time.monotonic()
-            open(go, "w").close()
-            rc = t.wait(180)
-            took = time.monotonic() - start
+        with t:
+            _, rc, took = t.signal_at_pause(flag, go, pids_file, "actor_rollout_ref", 1, signal.SIGSTOP, 180)
             assert rc != 0, t.tail()
             assert took < dist_timeout + 45, f"the trainer took {took:.1f} s to fail\n{t.tail()}"
             text = t.output
@@ -364,9 +367,9 @@ def test_hung_rank_fails_the_collective_within_dist_timeout_naming_rank_and_role
             assert "rank(s) [1] had not finished update_actor()" in text, t.tail()
             t.assert_session_gone(within_s=30)  # the frozen worker too: Ray's kill is a SIGKILL
     finally:
-        if victim is not None:
+        if t.victim is not None:
             try:
-                os.kill(victim, signal.SIGCONT)
+                os.kill(t.victim, signal.SIGCONT)
             except ProcessLookupError:
                 pass
 
@@ -383,14 +386,7 @@ def test_rollout_worker_kill9_mid_broadcast_names_the_rollout_rank(prepared, tmp
                         "actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.rollout.n_gpus_per_node=1",
                         "actor_rollout_ref.rollout.calculate_log_probs=true", "trainer.one_step_off_policy=true")
     with Trainer("rollout_killed", tmp_path, args, helper=helper) as t:
-        t.wait_for_file(flag)
-        victim = json.load(open(pids_file))["rollout"][0]
-        assert victim in session_pids(t.proc.pid) and "ray::" in cmdline(victim)
-        os.kill(victim, signal.SIGKILL)
-        start = time.monotonic()
-        open(go, "w").close()
-        rc = t.wait(120)
-        took = time.monotonic() - start
+        victim, rc, took = t.signal_at_pause(flag, go, pids_file, "rollout", 0, signal.SIGKILL, 120)
         assert rc != 0, t.tail()
         assert took < 60, f"the trainer took {took:.1f} s to fail\n{t.tail()}"
         assert re.search(rf"WorkerDiedError: worker 'rollout' rank 0 \(pid {victim}\) died during receive_weights\(\)",

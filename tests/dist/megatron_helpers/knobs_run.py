@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import sys
 from types import SimpleNamespace
@@ -58,11 +57,7 @@ def main() -> None:
         out[name] = {"steps": steps, "log_probs_after": after.tolist(),
                      "grad_reduce_in_fp32": ddp_config.grad_reduce_in_fp32,
                      "recompute_granularity": actor.engine.chunks[0].config.recompute_granularity}
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, f"rank{dist.get_rank()}.json"), "w") as f:
-        json.dump(out, f, indent=1)
-    dist.barrier()
-    dist.destroy_process_group()
+    run_layout.finish(args.out, out)
 
 
 if __name__ == "__main__":

@@ -452,8 +452,13 @@ def main() -> None:
         t1 = time.time()
         out["resume"] = run_resume_same_layout(args, layout)
         out["timings"]["resume"] = time.time() - t1
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, f"rank{dist.get_rank()}.json"), "w") as f:
+    finish(args.out, out)
+
+
+def finish(out_dir: str, out: dict) -> None:
+    """This rank's results as rank<N>.json for the test, then leave the process group together."""
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, f"rank{dist.get_rank()}.json"), "w") as f:
         json.dump(out, f, indent=1)
     dist.barrier()
     dist.destroy_process_group()
