@@ -34,7 +34,6 @@ class RolloutWorker(Worker):
         """Build the engine on placeholder weights (the first broadcast fills them) and declare the replicas."""
         from transformers import AutoConfig
 
-
         run, d = self.run, self.run.derived
         ara = run.cfg.actor_rollout_ref
         device = setup_process(self, run)
