@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import random
+import socket
 import sys
 import time
 
@@ -66,15 +67,22 @@ def tiny_model(out_dir: str) -> str:
     return out_dir
 
 
-def teacher_gap(model, out) -> float:
-    """Mean |rollout log-prob - teacher-forced log-prob| over generated tokens (temperature 1, no top-k/p)."""
-    ids, attn = out.batch["input_ids"].cuda(), out.batch["attention_mask"].cuda()
-    with torch.no_grad():
-        logits = model(input_ids=ids, attention_mask=attn, position_ids=out.batch["position_ids"].cuda()).logits.float()
+def teacher_gap(model, out, rows: int = 8) -> float:
+    """Mean |rollout log-prob - teacher-forced log-prob| over generated tokens (temperature 1, no top-k/p).
+    A few rows per forward: the whole batch's fp32 logits would not fit beside the engine."""
     r = out.batch["responses"].shape[1]
-    lp = torch.log_softmax(logits[:, -r - 1:-1], -1).gather(-1, out.batch["responses"].cuda()[..., None])[..., 0]
-    mask = out.batch["response_mask"].cuda().bool()
-    return float((out.batch["rollout_log_probs"].cuda()[mask] - lp[mask]).abs().mean())
+    total, count = 0.0, 0
+    for i in range(0, out.batch["input_ids"].shape[0], rows):
+        b = {k: out.batch[k][i:i + rows].cuda() for k in ("input_ids", "attention_mask", "position_ids", "responses",
+                                                           "response_mask", "rollout_log_probs")}
+        with torch.no_grad():
+            logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
+                           position_ids=b["position_ids"]).logits[:, -r - 1:-1].float()
+        lp = torch.log_softmax(logits, -1).gather(-1, b["responses"][..., None])[..., 0]
+        mask = b["response_mask"].bool()
+        total += float((b["rollout_log_probs"][mask] - lp[mask]).abs().sum())
+        count += int(mask.sum())
+    return total / max(count, 1)
 
 
 def main(argv=None) -> dict:
@@ -87,9 +95,17 @@ def main(argv=None) -> dict:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--gpu-util", type=float, default=0.4)
     p.add_argument("--eager", action="store_true")
+    p.add_argument("--user-turns", action="store_true",
+                   help="a user turn ('go on') after each answer, up to max_user_turns: multi-turn without tool use")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    with socket.socket() as s:  # vLLM's external launcher reads a torch.distributed world: rank 0 of 1
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for k, v in dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                     MASTER_PORT=str(port)).items():
+        os.environ.setdefault(k, v)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from hybridrl.agent import AgentLoop, AgentRollout, BaseInteraction, LoopSettings, load_tools
@@ -110,7 +126,7 @@ def main(argv=None) -> dict:
         async def generate_response(self, instance_id, messages, **kw):
             return False, "go on", 0.0, {}
 
-    interactions = {"echo": Echo({})} if args.tiny else {}
+    interactions = {"echo": Echo({})} if args.tiny or args.user_turns else {}
     settings = LoopSettings(response_length=args.response_length, max_assistant_turns=4, max_user_turns=2,
                             tool_timeout_s=10)
     agent = AgentRollout(AgentLoop(tok, settings, tools, interactions), tok.pad_token_id)
