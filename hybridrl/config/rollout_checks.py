@@ -77,6 +77,7 @@ def check_rollout(cfg: PPOConfig, device: str, world: int, p: Problems, placemen
 def check_multi_turn(cfg: PPOConfig, rollout: RolloutLayout, p: Problems) -> None:
     """multi_turn.*: the tool and interaction files load (classes import, schemas parse) before any worker starts."""
     m, key = cfg.actor_rollout_ref.rollout.multi_turn, f"{ARA}.rollout.multi_turn"
+    _check_prompt_tools(cfg, p)
     if not m.enable:
         return
     from hybridrl.agent import TOOL_CALL_FORMATS, load_interactions, load_tools
@@ -105,3 +106,32 @@ def check_multi_turn(cfg: PPOConfig, rollout: RolloutLayout, p: Problems) -> Non
     p.check(rollout.engine != "vllm" or rollout.tp == 1,
             f"{key}.enable=true with {ARA}.rollout.name=vllm needs {ARA}.rollout.tensor_model_parallel_size=1 "
             f"(got {rollout.tp}): per-request generation runs each replica's turn loops on one GPU")
+
+
+def _check_prompt_tools(cfg: PPOConfig, p: Problems) -> None:
+    """data.tool_config_path: the tools written into prompts must be tools the agent loop can call."""
+    m, key, path = cfg.actor_rollout_ref.rollout.multi_turn, f"{ARA}.rollout.multi_turn", cfg.data.tool_config_path
+    if not path:
+        return
+    if not m.enable:
+        p.errors.append(f"data.tool_config_path={path} (it follows {key}.tool_config_path unless set) writes tool "
+                        f"schemas into every prompt, but {key}.enable=false: no tool would answer a call. Set "
+                        f"{key}.enable=true, or data.tool_config_path=null")
+        return
+    if path == m.tool_config_path:
+        return  # check_multi_turn loads it
+    from hybridrl.agent import load_tools
+
+    try:
+        prompted = set(load_tools(path))
+    except Exception as e:  # the loader's message names the file, the entry and the class
+        p.errors.append(f"data.tool_config_path: {type(e).__name__}: {e}")
+        return
+    try:
+        callable_ = set(load_tools(m.tool_config_path)) if m.tool_config_path else set()
+    except Exception:
+        return  # check_multi_turn reports it
+    missing = sorted(prompted - callable_)
+    p.check(not missing, f"data.tool_config_path={path} declares tool(s) {missing} in the prompts that "
+                         f"{key}.tool_config_path={m.tool_config_path} does not provide: the model would call tools "
+                         "that nothing answers")

@@ -14,7 +14,8 @@ fails at start-up, not hours in. Filtered rows are counted (`num_filtered_overlo
 Order: the first max_samples rows are kept first, then overlong ones are filtered (verl's order).
 Multimodal inputs (a processor) are not supported yet. Keys of data.* read here: prompt_key,
 max_prompt_length, truncation, filter_overlong_prompts, return_raw_chat, return_full_prompt,
-apply_chat_template_kwargs; the length pre-scan runs in-process (filter_overlong_prompts_workers and
+apply_chat_template_kwargs, tool_config_path (the tools' schemas rendered into every prompt:
+hybridrl.agent.tool_prompt); the length pre-scan runs in-process (filter_overlong_prompts_workers and
 dataloader_num_workers are not used), and return_raw_input_ids has no effect (verl's current dataset
 ignores it too).
 """
@@ -71,6 +72,9 @@ class RLHFDataset:
         self.max_prompt_length = config.max_prompt_length
         self.truncation = config.truncation
         self.chat_kwargs = dict(config.apply_chat_template_kwargs or {})
+        from hybridrl.agent.tool_prompt import load_tool_prompt
+
+        self.tool_prompt = load_tool_prompt(getattr(config, "tool_config_path", None), tokenizer, self.chat_kwargs)
 
         rows = read_files(data_files, required_columns=[self.prompt_key], max_rows=max_samples)
         clash = [c for c in rows.columns if c in _PRODUCED_KEYS]
@@ -132,6 +136,8 @@ class RLHFDataset:
 
     # ----------------------------------------------------------------- items
     def _render(self, messages: list[dict]) -> str:
+        if self.tool_prompt is not None:  # the tools' schemas in the prompt (lengths above count them too)
+            return self.tool_prompt.render(messages)
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **self.chat_kwargs)
 
     def __len__(self) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from .common import CustomClsConfig, doc
+from .common import CustomClsConfig, doc, link
 
 
 @dataclass(frozen=True)
@@ -39,3 +39,5 @@ class DataConfig:
     trust_remote_code: bool = False
     custom_cls: CustomClsConfig = field(default_factory=CustomClsConfig)
     apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    # verl's key: a tool file whose schemas are rendered into every prompt; null leaves prompts as the data has them
+    tool_config_path: Optional[str] = link("actor_rollout_ref.rollout.multi_turn.tool_config_path")
