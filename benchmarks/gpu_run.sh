@@ -59,9 +59,13 @@ source "$(dirname "$0")/run_lib.sh"
 # `hybridrl plan` (its numbers for each row are in the run folder's plan.json). All rows pack sequences and cut
 # micro-batches by tokens (scale_common); the budget shrinks with the model's state. 7b: 7.6B params x (2 bf16
 # params + 12 Adam/fp32 master + 4 fp32 grads) = 137 GB does not fit, so its grads reduce in bf16 (-15 GB), layers
-# are recomputed, and the reference model is off (use_kl_loss=false: the reference keeps 15 GB on the GPU, its
-# megatron.param_offload is not implemented). The offload flags only move state while vLLM generates; the hybrid
-# engine moves grads and optimizer state out then anyway.
+# are recomputed, and the reference model is off (use_kl_loss=false): with ref.megatron.param_offload the reference's
+# 15 GB come on during its log-prob pass, while the actor's whole training state is on the GPU: `hybridrl plan`'s
+# ref_log_prob phase, 134.8 GiB of 141 for this row, too close given measured/plan ratios of 1.1-1.15. The offload flags only move state while vLLM generates; the hybrid engine moves grads and
+# optimizer state out then anyway. On an 80 GB card (H100) the 3b row needs more (plan: no fit; it ran OOM on
+# 2026-11-25): SCALE_ARGS="actor_rollout_ref.model.enable_gradient_checkpointing=true
+# +actor_rollout_ref.actor.megatron.override_ddp_config.grad_reduce_in_fp32=false actor_rollout_ref.ref.megatron.param_offload=true
+# actor_rollout_ref.actor.megatron.{optimizer,grad,param}_offload=true" (each written out) ran there.
 scale_shape_args() {
   case $1 in
     0.5b) echo "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384" ;;

@@ -18,7 +18,10 @@ the first pinning of host memory):
                             update starts plus the update's rise in allocated memory
   rollout_peak_bytes        max memory/rollout_used_bytes: device memory in use with vLLM's weights and KV awake
   plan_train_bytes, plan_rollout_bytes    the plan's phases.train_actor.total and phases.rollout.total
-  train_measured_over_plan, rollout_measured_over_plan    measured / plan total (the plan's overhead included)
+  ref_peak_bytes            max memory/ref_peak_bytes: the reference's log-prob pass with its weights onloaded
+                            (plan: the ref_log_prob phase, planned only with ref.megatron.param_offload)
+  train_measured_over_plan, rollout_measured_over_plan, ref_measured_over_plan    measured / plan total (the
+                            plan's overhead included)
   *_over_plan_no_overhead   measured / (total - overhead): the 0.5B and 1.5B plan_vs_measured results' basis
 Writes the results record (DEVELOPERS.md format: metrics flattened as SHAPE_KEY, each run's detail and
 overrides under "runs"), NAME.md beside it, and copies each run's inputs to NAME/ (SHAPE_metrics.jsonl,
@@ -93,9 +96,10 @@ def summarize(steps: list[dict[str, Any]], plan: dict[str, Any]) -> dict[str, An
     out["response_length_mean"] = _median(steps, "response_length/mean")
     out["train_peak_bytes"] = _max(steps, "memory/train_peak_bytes")
     out["rollout_peak_bytes"] = _max(steps, "memory/rollout_used_bytes")
+    out["ref_peak_bytes"] = _max(steps, "memory/ref_peak_bytes")  # absent in runs before this metric
     phases = plan.get("phases") or {}
     overhead = plan.get("overhead_bytes") or 0
-    for name, key in (("train", "train_actor"), ("rollout", "rollout")):
+    for name, key in (("train", "train_actor"), ("rollout", "rollout"), ("ref", "ref_log_prob")):
         total = (phases.get(key) or {}).get("total")
         out[f"plan_{name}_bytes"] = total
         out[f"{name}_measured_over_plan"] = _ratio(out[f"{name}_peak_bytes"], total)

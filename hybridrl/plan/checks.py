@@ -197,6 +197,21 @@ def _fixes_for_training(phase: Phase, run: RunConfig, shape: ModelShape) -> list
             + _layout_fixes(p, run, shape, role))
 
 
+def _fixes_for_ref_pass(phase: Phase, run: RunConfig, shape: ModelShape) -> list[_Fix]:
+    """The reference's pass with its params onloaded (its param_offload is already on) beside the actor's state."""
+    p, batch = phase.parts, run.derived.actor_batch
+    if batch.use_dynamic_bsz:
+        key, now = f"{ARA}.ref.log_prob_max_token_len_per_gpu", batch.forward_max_token_len_per_gpu
+    else:
+        key, now = f"{ARA}.ref.log_prob_micro_batch_size_per_gpu", run.derived.ref_forward_micro_batch_per_gpu
+    act = p["activations"]
+    fixes = [_Fix(key, f"a lower {key} (now {now}; the forward pass's activations are {_gib(act)})", act // 2),
+             _Fix(f"{ARA}.actor.use_kl_loss", f"no reference: {ARA}.actor.use_kl_loss=false and "
+                  f"algorithm.use_kl_in_reward=false (frees its {_gib(p['ref_params'])})", p["ref_params"])]
+    offload = [f for f in _offload_fixes(p, ("critic",), "the idle") if not f.knob.startswith(f"{ARA}.ref.")]
+    return fixes + offload + _layout_fixes(p, run, shape, "actor")
+
+
 def _fixes_for_rollout(phase: Phase, run: RunConfig, gpu: int) -> list[_Fix]:
     p = phase.parts
     engine = p["rollout_weights"] + p["rollout_kv_cache"] + p["rollout_activations"]
@@ -227,6 +242,9 @@ def fit_problems(plan: MemoryPlan, run: RunConfig, shape: ModelShape) -> list[Pr
         phase = plan.phases.get(name)
         if phase is not None and phase.total > gpu:
             out.append(_explain(phase, gpu, _fixes_for_training(phase, run, shape)))
+    ref_pass = plan.phases.get("ref_log_prob")
+    if ref_pass is not None and ref_pass.total > gpu:
+        out.append(_explain(ref_pass, gpu, _fixes_for_ref_pass(ref_pass, run, shape)))
     rollout = plan.phases["rollout"]
     if rollout is not None and rollout.total > gpu:
         out.append(_explain(rollout, gpu, _fixes_for_rollout(rollout, run, gpu)))

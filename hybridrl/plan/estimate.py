@@ -28,6 +28,7 @@ from .memory import (
     rollout_activation_bytes,
     rollout_weight_bytes,
     stage_activation_bytes,
+    stage_activation_parts,
     stage_expert_params,
     stage_params,
 )
@@ -130,9 +131,12 @@ def estimate(run: RunConfig, shape: ModelShape, gpu_memory_bytes: int,
             critic=_role_memory(run, "critic", critic_shape, stage) if d.use_critic else None,
             actor_activations=stage_activation_bytes(shape, actor_act, stage),
             critic_activations=stage_activation_bytes(critic_shape, critic_act, stage) if critic_act else 0,
+            forward_activations=stage_activation_parts(shape, actor_act, stage)[1],
         )
         for name in PHASES:
             if name == "train_critic" and not d.use_critic:
+                continue
+            if name == "ref_log_prob" and not (s.ref is not None and s.ref.offload_params):
                 continue
             phase = Phase(name, stage, phase_parts(name, s, rollout, overhead, split=d.placement.split))
             if best[name] is None or phase.total > best[name].total:

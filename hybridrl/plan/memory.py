@@ -47,6 +47,10 @@ Rollout engine (vLLM, colocated):
 Phases (each component is 0 when absent; totals are for the busiest pipeline stage):
     train_actor   the actor's update: actor params+grads+optimizer + activations, plus whatever idle roles keep
     train_critic  the critic's update (PPO with GAE): the same with the critic's state and activations
+    ref_log_prob  the reference's log-prob pass, planned when ref.megatron.param_offload is set (otherwise the
+                  reference's params are counted in the phases above, and a forward pass holds no more than an
+                  update): the reference's params come back while the actor's whole training state is on the
+                  GPU (the hybrid engine restored it after generation), plus a forward-only pass's activations
     rollout       generation: vLLM's share + what the training roles keep after offload (a split placement,
                   actor_rollout_ref.hybrid_engine=false: one of the rollout's own GPUs, vLLM's share only)
 An idle role keeps params/grads/optimizer unless its megatron.{param,grad,optimizer}_offload is set (the
@@ -77,7 +81,7 @@ COMPONENTS = (
     "critic_params", "critic_grads", "critic_optimizer", "activations",
     "rollout_weights", "rollout_activations", "rollout_kv_cache", "overhead",
 )
-PHASES = ("train_actor", "train_critic", "rollout")
+PHASES = ("train_actor", "train_critic", "ref_log_prob", "rollout")
 
 
 # ------------------------------------------------------------------------------------------- model state
@@ -186,6 +190,11 @@ class ActivationSetup:
 
 def stage_activation_bytes(shape: ModelShape, a: ActivationSetup, stage: int) -> int:
     """Peak activation bytes on pipeline stage `stage`: max(training micro-batches in flight, forward-only)."""
+    return max(stage_activation_parts(shape, a, stage))
+
+
+def stage_activation_parts(shape: ModelShape, a: ActivationSetup, stage: int) -> tuple[int, int]:
+    """(training, forward-only) activation bytes on pipeline stage `stage`."""
     layers = math.ceil(shape.num_layers / a.pp)
     full = layer_activation_bytes(shape, a.train_tokens, a.tp, a.sequence_parallel, a.act_bytes, a.etp)
     held = min(a.pp - stage, max(a.inflight, 1))
@@ -203,7 +212,7 @@ def stage_activation_bytes(shape: ModelShape, a: ActivationSetup, stage: int) ->
     forward += alltoall_bytes(shape, a.forward_tokens, a.act_bytes)
     if last and a.logits:
         forward += logits_bytes(shape, a.forward_tokens, a.tp, a.act_bytes, backward=False)
-    return max(train, forward)
+    return train, forward
 
 
 # ------------------------------------------------------------------------------------------- rollout
@@ -293,6 +302,7 @@ class StageMemory:
     critic: Optional[RoleMemory]
     actor_activations: int
     critic_activations: int
+    forward_activations: int = 0  # the actor's forward-only pass (the reference runs the same shapes)
 
 
 @dataclass(frozen=True)
@@ -312,7 +322,8 @@ def phase_parts(name: str, s: StageMemory, r: RolloutMemory, overhead: int, spli
         parts.update(rollout_weights=r.weights, rollout_activations=r.activations, rollout_kv_cache=max(r.kv_cache, 0),
                      overhead=overhead)
         return parts
-    actor = s.actor.state if name == "train_actor" else s.actor.idle()
+    # the hybrid engine restores the actor's whole state after generation, before the log-prob passes
+    actor = s.actor.state if name in ("train_actor", "ref_log_prob") else s.actor.idle()
     if name == "rollout":  # WeightSync.push offloads grads and optimizer whatever the flags say
         actor = ModelState(actor.params, 0, 0)
     critic = None if s.critic is None else (s.critic.state if name == "train_critic" else s.critic.idle())
@@ -321,7 +332,10 @@ def phase_parts(name: str, s: StageMemory, r: RolloutMemory, overhead: int, spli
     if critic is not None:
         parts.update(_role_parts("critic", critic))
     parts["ref_params"] = ref.params if ref is not None else 0
-    parts["activations"] = {"train_actor": s.actor_activations, "train_critic": s.critic_activations}.get(name, 0)
+    if name == "ref_log_prob" and s.ref is not None:
+        parts["ref_params"] = s.ref.state.params  # onloaded for its pass
+    parts["activations"] = {"train_actor": s.actor_activations, "train_critic": s.critic_activations,
+                            "ref_log_prob": s.forward_activations}.get(name, 0)
     if not split and (name == "rollout" or not r.asleep_when_training):
         parts.update(rollout_weights=r.weights, rollout_activations=r.activations, rollout_kv_cache=max(r.kv_cache, 0))
     parts["overhead"] = overhead

@@ -85,7 +85,9 @@ class PPOTrainer:
                 batch = self.old_log_probs(batch, metrics)
             if self.d.use_reference:
                 with timed(timing, "ref"):
-                    batch = batch.union(self.actor.compute_ref_log_prob(batch))
+                    ref = self.actor.compute_ref_log_prob(batch)
+                    metrics.update(ref.meta_info.pop("metrics", {}))
+                    batch = batch.union(ref)
             if self.d.use_critic:
                 with timed(timing, "values"):
                     batch = batch.union(self.critic.compute_values(batch))

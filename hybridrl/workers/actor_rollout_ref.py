@@ -154,10 +154,14 @@ class ActorRolloutRefWorker(Worker):
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         if self.ref is None:
             raise RuntimeError("compute_ref_log_prob: no reference model (use_kl_loss and use_kl_in_reward are off)")
-        with onloaded(self.ref, params=self.run.cfg.actor_rollout_ref.ref.megatron.param_offload, grads=False,
-                      optimizer=False):
+        offload = self.run.cfg.actor_rollout_ref.ref.megatron.param_offload
+        # the peak counts the onloaded weights too (`hybridrl plan`'s ref_log_prob phase)
+        with train_peak_memory() as peak, onloaded(self.ref, params=offload, grads=False, optimizer=False):
             out = self.ref.compute_log_prob(data, calculate_entropy=False)
-        return DataProto.from_dict({"ref_log_prob": out.batch["log_probs"]})
+        result = DataProto.from_dict({"ref_log_prob": out.batch["log_probs"]})
+        if peak:
+            result.meta_info["metrics"] = {"memory/ref_peak_bytes": float(peak["bytes"])}
+        return result
 
     @register(Dispatch.MESH_COMPUTE_PROTO)
     def update_actor(self, data: DataProto) -> DataProto:

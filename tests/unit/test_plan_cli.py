@@ -31,11 +31,12 @@ def test_json_keys_are_stable(capsys):
     code, out = plan_json(capsys, "preset=7b_8gpu", "--model-config", "Qwen2.5-7B")
     assert code == 0 and out["ok"] is True and out["problems"] == []
     assert tuple(out) == KEYS and out["format"] == "hybridrl.plan/1"
-    assert set(out["phases"]) == {"train_actor", "train_critic", "rollout"}
-    for phase in out["phases"].values():
+    assert set(out["phases"]) == {"train_actor", "train_critic", "ref_log_prob", "rollout"}
+    assert out["phases"]["ref_log_prob"] is None  # PPO without a KL loss: no reference
+    for phase in filter(None, out["phases"].values()):
         assert set(phase) == {*COMPONENTS, "total", "stage"}
         assert phase["total"] == sum(phase[c] for c in COMPONENTS)
-    assert out["peak"]["bytes"] == max(p["total"] for p in out["phases"].values())
+    assert out["peak"]["bytes"] == max(p["total"] for p in filter(None, out["phases"].values()))
     assert out["layout"]["tp"] == 2 and out["layout"]["dp"] == 4 and out["layout"]["rollout_tp"] == 2
     assert out["model"]["params"] == 7_615_616_512 and out["gpu_memory_bytes"] == 80 * 2**30
     assert set(out["kv_cache"]) == {"bytes", "bytes_per_token", "tokens", "max_model_len", "full_length_sequences"}
@@ -106,6 +107,24 @@ def test_training_does_not_fit(capsys):
     msg = problems[0]["message"]
     assert "does not fit: the train_actor phase" in msg and "enable_gradient_checkpointing=true" in msg
     assert f"a larger {TP}" in msg
+
+
+def test_reference_pass_does_not_fit(capsys):
+    """7B on one 130 GiB GPU with the reference offloaded: the update fits, the reference's pass beside the actor's
+    whole state does not (the scale curve's 7B row turns the reference off for this reason)."""
+    args = ["--config-name", "grpo_trainer", "trainer.n_gpus_per_node=1", f"{ARA}.rollout.tensor_model_parallel_size=1",
+            f"{ARA}.model.use_remove_padding=true", f"{ARA}.actor.use_dynamic_bsz=true",
+            f"{ARA}.actor.ppo_max_token_len_per_gpu=4096", f"{ARA}.model.enable_gradient_checkpointing=true",
+            f"+{ARA}.actor.megatron.override_ddp_config.grad_reduce_in_fp32=false",
+            f"{ARA}.ref.megatron.param_offload=true", "data.train_batch_size=16", f"{ARA}.actor.ppo_mini_batch_size=16",
+            "data.max_prompt_length=64", "data.max_response_length=256", "--model-config", "Qwen2.5-7B"]
+    problems = refused(capsys, *args, "--gpu-mem-gb", "130")
+    assert len(problems) == 1 and "the ref_log_prob phase needs 134.8 GiB" in problems[0]["message"]
+    assert problems[0]["knob"] == f"{ARA}.actor.use_kl_loss"  # frees the most: the reference's 14.2 GiB
+    assert f"a lower {ARA}.ref.log_prob_max_token_len_per_gpu" in problems[0]["message"]
+    assert "ref.megatron.param_offload=true (" not in problems[0]["message"]  # already on: not offered
+    code, out = plan_json(capsys, *args, "--gpu-mem-gb", "141")
+    assert code == 0 and out["peak"]["phase"] == "ref_log_prob"
 
 
 def test_rollout_does_not_fit(capsys):

@@ -212,3 +212,25 @@ def test_split_placement_plans_the_rollout_gpu_and_the_training_gpus_apart():
     assert all(train[k] == 0 for k in engine)
     assert {k: v for k, v in train.items() if k not in engine} == \
         {k: v for k, v in colocated.phases["train_actor"].parts.items() if k not in engine}
+
+
+def test_reference_pass_with_param_offload_is_its_own_phase_by_hand():
+    """With ref param_offload the reference's weights come back for its log-prob pass while the actor's whole training
+    state is on the GPU (restored after generation): params + grads + optimizer + the reference + one forward pass."""
+    shape = resolve("Qwen2.5-7B")
+    run = validate(load_config(["preset=7b_8gpu", "actor_rollout_ref.ref.megatron.param_offload=true"],
+                               config_name="grpo_trainer"), cuda_available=GPU)
+    plan = estimate(run, shape, 80 * GiB, overhead_bytes=3 * GiB)
+    ref = plan.phases["ref_log_prob"].parts
+    assert (ref["actor_params"], ref["actor_grads"], ref["actor_optimizer"]) == (
+        7_615_820_800, 15_231_641_600, 11_423_731_200)
+    assert ref["ref_params"] == 7_615_820_800  # the same bf16 shard as the actor's (tp=2)
+    # forward micro-batch 8 x 1024 tokens: one layer's activations + bf16 logits and their fp32 log-softmax
+    assert ref["activations"] == 79_416 * 8192 + 8192 * 76_032 * 6
+    assert plan.phases["ref_log_prob"].total == sum(ref.values())
+    assert plan.phases["train_actor"].parts["ref_params"] == 0  # offloaded while the actor trains
+    kept = validate(load_config(["preset=7b_8gpu", "actor_rollout_ref.ref.megatron.param_offload=false"],
+                                config_name="grpo_trainer"), cuda_available=GPU)
+    kept_plan = estimate(kept, shape, 80 * GiB)
+    assert kept_plan.phases["ref_log_prob"] is None  # the reference is resident: train_actor counts it
+    assert kept_plan.phases["train_actor"].parts["ref_params"] == 7_615_820_800

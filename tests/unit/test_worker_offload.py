@@ -92,3 +92,30 @@ def test_without_flags_nothing_moves_and_errors_still_offload():
     with pytest.raises(RuntimeError, match="boom"), onloaded(role, params=True, grads=False, optimizer=False):
         raise RuntimeError("boom")
     assert role.log == [("onload", True, False, False), ("offload", True, False, False)]
+
+
+def test_reference_pass_reports_its_peak_with_the_weights_onloaded(monkeypatch):
+    """memory/ref_peak_bytes (what the plan's ref_log_prob phase is compared with) spans the onload: the peak
+    window opens before the weights come back and closes after they leave."""
+    import contextlib
+
+    import hybridrl.workers.actor_rollout_ref as arr
+
+    run = run_with("actor_rollout_ref.ref.megatron.param_offload=true", "actor_rollout_ref.actor.use_kl_loss=true")
+    worker = ActorRolloutRefWorker.__new__(ActorRolloutRefWorker)
+    worker.run = run
+    worker.ref = Role({"params": False, "grads": False, "optimizer": False})
+
+    @contextlib.contextmanager
+    def fake_peak():  # as on a GPU: the window records what the role did inside it
+        out = {}
+        worker.ref.log.append("peak window opens")
+        yield out
+        worker.ref.log.append("peak window closes")
+        out["bytes"] = 123
+
+    monkeypatch.setattr(arr, "train_peak_memory", fake_peak)
+    out = worker.compute_ref_log_prob(DataProto.from_dict({"x": torch.zeros(1, 1)}))
+    assert out.meta_info["metrics"] == {"memory/ref_peak_bytes": 123.0}
+    assert worker.ref.log[0] == "peak window opens" and worker.ref.log[-1] == "peak window closes"
+    assert [e[0] for e in worker.ref.log[1:-1]] == ["onload", "log_prob", "offload"]
