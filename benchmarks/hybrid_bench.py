@@ -318,6 +318,7 @@ def hybrid_run(args: argparse.Namespace, model_dir: str, peers: dict | None = No
     steady = times["steady"]
     return {
         "overrides": overrides, "model_dir": model_dir, "memory": mem, "sleep_freed_fraction": freed,
+        "rollout_memory": {k: v for k, v in out.meta_info["metrics"].items() if k.startswith("memory/rollout_")},
         "startup": info.get("startup", {}), "speed": speed, "gap_table": table, **follow,
         "gap": {"rollout_vs_actor/logprob_abs_diff_mean": table["megatron_sdpa_vs_vllm"]["mean"],
                 "rollout_vs_actor/logprob_abs_diff_max": table["megatron_sdpa_vs_vllm"]["max"]},

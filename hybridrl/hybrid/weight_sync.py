@@ -40,7 +40,7 @@ import torch.distributed as dist
 from hybridrl.adapters.base import ActorModel
 from hybridrl.protocol import DataProto
 from hybridrl.rollout.base import RolloutEngine, SamplingParams
-from hybridrl.utils.device import device_memory_used, synchronize
+from hybridrl.utils.device import device_memory_used, synchronize, torch_memory_counts
 
 from .checks import SentChecksums, WeightSyncError, compare_checksums
 from .direct import DirectCopy, prove
@@ -117,6 +117,8 @@ class WeightSync:
             self._offloaded["params"] = True
         self.engine.wake_up(["kv_cache"])
         metrics["memory/rollout_used_bytes"] = float(device_memory_used())  # the rollout phase's peak footprint
+        for kind, nbytes in torch_memory_counts().items():  # where it lives, when it grows from step to step
+            metrics[f"memory/rollout_torch_{kind}_bytes"] = float(nbytes)
         return metrics
 
     def release(self) -> dict[str, float]:

@@ -18,6 +18,15 @@ def device_memory_used() -> int:
     return int(total - free)
 
 
+def torch_memory_counts() -> dict[str, int]:
+    """torch's own view of this process's device memory (allocated in live tensors; reserved by its caching
+    allocator, which includes pools such as vLLM's sleep-mode pool); {} on CPU. Beside device_memory_used it tells
+    a leak (allocated grows) from fragmentation (reserved grows past allocated) from memory outside torch."""
+    if not torch.cuda.is_available():
+        return {}
+    return {"allocated": int(torch.cuda.memory_allocated()), "reserved": int(torch.cuda.memory_reserved())}
+
+
 def synchronize() -> None:
     """Wait for this process's queued device work (timings end here); no-op on CPU."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():

@@ -38,6 +38,15 @@ def test_sleep_frees_most_of_the_engine_memory(result):
 
 
 @pytest.mark.timeout(600)
+def test_rollout_memory_is_broken_down(result):
+    # reported beside the device's total (megatron_scale.md: a rollout footprint that grows step by step); live
+    # tensors never exceed what torch's allocator reserves
+    m = result["rollout_memory"]
+    assert 0 < m["memory/rollout_torch_allocated_bytes"] <= m["memory/rollout_torch_reserved_bytes"], m
+    assert m["memory/rollout_used_bytes"] > 0, m
+
+
+@pytest.mark.timeout(600)
 def test_sync_moves_the_whole_model(result):
     from safetensors import safe_open
 
