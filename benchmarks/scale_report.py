@@ -23,6 +23,8 @@ the first pinning of host memory):
   train_measured_over_plan, rollout_measured_over_plan, ref_measured_over_plan    measured / plan total (the
                             plan's overhead included)
   *_over_plan_no_overhead   measured / (total - overhead): the 0.5B and 1.5B plan_vs_measured results' basis
+  rollout_{used,torch_allocated,torch_reserved}_bytes_by_step    each step's value (None where not logged): a
+                            footprint that grows from step to step, and whether torch's live tensors grow with it
 Writes the results record (DEVELOPERS.md format: metrics flattened as SHAPE_KEY, each run's detail and
 overrides under "runs"), NAME.md beside it, and copies each run's inputs to NAME/ (SHAPE_metrics.jsonl,
 SHAPE_plan.json, SHAPE_run.json) so that one folder brings everything back. A markdown table goes to stdout.
@@ -97,6 +99,8 @@ def summarize(steps: list[dict[str, Any]], plan: dict[str, Any]) -> dict[str, An
     out["train_peak_bytes"] = _max(steps, "memory/train_peak_bytes")
     out["rollout_peak_bytes"] = _max(steps, "memory/rollout_used_bytes")
     out["ref_peak_bytes"] = _max(steps, "memory/ref_peak_bytes")  # absent in runs before this metric
+    for key in ("rollout_used", "rollout_torch_allocated", "rollout_torch_reserved"):  # growth from step to step
+        out[f"{key}_bytes_by_step"] = [r.get(f"memory/{key}_bytes") for r in steps]
     phases = plan.get("phases") or {}
     overhead = plan.get("overhead_bytes") or 0
     for name, key in (("train", "train_actor"), ("rollout", "rollout"), ("ref", "ref_log_prob")):

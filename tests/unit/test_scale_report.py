@@ -85,6 +85,9 @@ def test_peaks_against_the_plan(report):
     assert r["rollout_measured_over_plan"] == pytest.approx(66 / 60)
     assert r["rollout_measured_over_plan_no_overhead"] == pytest.approx(66 / 57)
     assert record["metrics"]["1.5b_train_measured_over_plan"] == pytest.approx(1.1)
+    assert r["rollout_used_bytes_by_step"] == [50 * GiB, 51 * GiB, 66 * GiB, 52 * GiB]
+    assert r["rollout_torch_allocated_bytes_by_step"] == [None] * 4  # not logged by these steps
+    assert "1.5b_rollout_used_bytes_by_step" not in record["metrics"]  # lists stay in runs
 
 
 def test_shape_without_reference_and_with_two_steps_timed(report):
