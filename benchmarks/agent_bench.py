@@ -25,22 +25,24 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-SYSTEM = ("You can call a calculator. To use it, write <tool_call>{\"name\": \"calculator\", \"arguments\": "
-          "{\"expression\": \"...\"}}</tool_call> and wait for its answer, then give the final number.")
+CALCULATOR = os.path.join(ROOT, "configs", "tools", "calculator.yaml")
 
 
 def prompts_for(tok, count: int, seed: int):
+    """Arithmetic word problems, rendered as the trainer renders them with data.tool_config_path set: the
+    calculator's schema through the chat template, or in the system message where the template ignores tools."""
+    from hybridrl.agent.tool_prompt import load_tool_prompt
     from hybridrl.data.prompt import left_pad, position_ids_from_mask
     from hybridrl.protocol import DataProto
 
+    tools = load_tool_prompt(CALCULATOR, tok)
     rng = random.Random(seed)
     rows, raws = [], []
     for _ in range(count):
         a, b, c = rng.randint(12, 99), rng.randint(12, 99), rng.randint(2, 9)
-        msgs = [{"role": "system", "content": SYSTEM},
-                {"role": "user", "content": f"A shop sells {a} boxes with {b} pens each and {c} more pens. "
+        msgs = [{"role": "user", "content": f"A shop sells {a} boxes with {b} pens each and {c} more pens. "
                                             "How many pens are there? Use the calculator."}]
-        rows.append(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False))
+        rows.append(tools.render(msgs))
         raws.append(msgs)
     ids = [tok(r, add_special_tokens=False)["input_ids"] for r in rows]
     width = max(map(len, ids))
@@ -120,7 +122,7 @@ def main(argv=None) -> dict:
     engine = VLLMRolloutEngine(model_dir, tp_size=1, gpu_memory_utilization=args.gpu_util, enforce_eager=args.eager,
                                max_model_len=1024 + args.response_length, pad_token_id=tok.pad_token_id,
                                eos_token_ids=eos_token_ids(tok, hf.config), load_format="dummy")
-    tools = load_tools(os.path.join(ROOT, "configs", "tools", "calculator.yaml"))
+    tools = load_tools(CALCULATOR)
 
     class Echo(BaseInteraction):  # the tiny model never calls tools: user turns make the turns happen
         async def generate_response(self, instance_id, messages, **kw):
