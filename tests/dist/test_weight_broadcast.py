@@ -11,6 +11,7 @@ import torch
 
 from hybridrl.hybrid.broadcast import BroadcastGroup, _compare
 from hybridrl.hybrid.checks import WeightSyncError
+from tests.fixtures.mp_tensors import from_plain, to_plain
 
 pytestmark = pytest.mark.dist
 
@@ -33,7 +34,7 @@ def _run(rank: int, world: int, port: int, queue) -> None:
             metrics = group.send(_weights())
             queue.put((rank, metrics))
         else:
-            got = [[(n, t.clone()) for n, t in bucket] for bucket in group.receive()]
+            got = [[(n, to_plain(t)) for n, t in bucket] for bucket in group.receive()]
             queue.put((rank, got))
     except BaseException as e:  # the parent reports it
         queue.put((rank, f"{type(e).__name__}: {e}"))
@@ -61,7 +62,7 @@ def test_broadcast_delivers_every_tensor_bitwise():
     assert results[0]["weight_broadcast/buckets"] == 2
     assert results[0]["weight_broadcast/bytes"] == sum(t.numel() * t.element_size() for b in sent for _, t in b)
     for rank in (1, 2):
-        got = results[rank]
+        got = [[(n, from_plain(t)) for n, t in bucket] for bucket in results[rank]]
         assert [[n for n, _ in b] for b in got] == [[n for n, _ in b] for b in sent]
         for bucket_got, bucket_sent in zip(got, sent):
             for (name, a), (_, b) in zip(bucket_got, bucket_sent):

@@ -8,6 +8,8 @@ import socket
 import pytest
 import torch
 
+from tests.fixtures.mp_tensors import from_plain, to_plain
+
 pytestmark = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (NCCL: one rank per GPU)")
 
 
@@ -27,7 +29,7 @@ def _run(rank: int, port: int, queue) -> None:
         if rank == 0:
             queue.put((rank, group.send(_weights("cuda:0"))))
         else:
-            got = [[(n, t.cpu()) for n, t in b] for b in group.receive()]
+            got = [[(n, to_plain(t)) for n, t in b] for b in group.receive()]
             queue.put((rank, got))
     except BaseException as e:
         queue.put((rank, f"{type(e).__name__}: {e}"))
@@ -50,6 +52,6 @@ def test_nccl_broadcast_is_bitwise():
     sent = _weights("cpu")
     for (bg, bs) in zip(results[1], sent):
         for (n, a), (_, b) in zip(bg, bs):
-            assert torch.equal(a, b), n
+            assert torch.equal(from_plain(a), b), n
     print(f"nccl weight broadcast: {results[0]['weight_broadcast/bytes'] / 2**20:.1f} MiB in "
           f"{results[0]['timing_s/weight_broadcast']:.3f} s")
