@@ -123,7 +123,7 @@ case "$MODE" in
     [ -f "$M/config.json" ] || step model 200 python3 benchmarks/multi_gpu_bench.py model --dir "$M" --shape 1.5b
     step gap_bench 280 python3 benchmarks/gap_bench.py --model-dir "$M" --out "$OUT/results/gap_bench.json"
     grep -E "_vs_" "$OUT/gap_bench.log"
-    S=$(python3 -c "from hybridrl.utils.hf_model import materialize_hf_dir as m; print(m('$SMOL', 'SmolLM2-135M-Instruct.Q4_1.gguf'))" | tail -n 1)
+    S=$(smol_dir)
     step gap_bench_smollm2 240 python3 benchmarks/gap_bench.py --model-dir "$S" --out "$OUT/results/gap_bench_smollm2.json"
     grep -E "_vs_" "$OUT/gap_bench_smollm2.log"
     ;;
@@ -138,7 +138,7 @@ trainer.default_local_dir=$OUT/grpo_$N trainer.max_time_s=$T ${GRPO_ARGS:-}"
     ;;
   agent)
     step test_agent_vllm 200 python3 -m pytest -q -x -s tests/gpu/test_agent_vllm.py
-    S=$(python3 -c "from hybridrl.utils.hf_model import materialize_hf_dir as m; print(m('$SMOL', 'SmolLM2-135M-Instruct.Q4_1.gguf'))" | tail -n 1)
+    S=$(smol_dir)
     step agent_bench 240 python3 benchmarks/agent_bench.py --model-dir "$S" --out "$OUT/results/agent_loop.json"
     ;;
   agentgrpo)

@@ -7,3 +7,8 @@ step() {  # step NAME TIMEOUT_S CMD...: run CMD into $OUT/NAME.log, print its ex
   echo "== $name rc=$rc $((SECONDS - start))s"
   grep -v -i "warn" "$OUT/$name.log" | tail -n "${STEP_TAIL:-6}"
 }
+
+smol_dir() {  # the dequantized SmolLM2 HF folder of $SMOL's GGUF (made once); the first call also prints a progress line
+  python3 -c "from hybridrl.utils.hf_model import materialize_hf_dir as m; print(m('$SMOL', 'SmolLM2-135M-Instruct.Q4_1.gguf'))" \
+    | tail -n 1
+}

@@ -26,8 +26,7 @@ ray_stop() {  # a run killed by its timeout can leave Ray workers holding GPU me
     > /dev/null 2>&1 || true
 }
 
-smol_dir() { PYTHONPATH=$OURS_PATH python3 -c \
-  "from hybridrl.utils.hf_model import materialize_hf_dir as m; print(m('$SMOL', 'SmolLM2-135M-Instruct.Q4_1.gguf'))" | tail -n 1; }  # the first call also prints a progress line
+ours_smol_dir() { PYTHONPATH=$OURS_PATH smol_dir; }  # run_lib.sh's, with our site (verl's runs set another)
 
 train() {  # train NAME TRAINER JOB MODEL [PART]: one trainer's run with the GPU memory sampled and start-up timed
   # PART 2 resumes verl from its last checkpoint in a second device call (verl's SmolLM2 run outlives one call):
@@ -71,18 +70,18 @@ from verl.trainer import main_ppo
 from verl.workers.rollout.vllm_rollout import vllm_async_server
 from verl.workers import engine_workers
 print('verl:', verl.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__, 'tokenizers', tokenizers.__version__, 'vllm', vllm.__version__, 'tensordict', tensordict.__version__, 'datasets', datasets.__version__, 'pyarrow', pyarrow.__version__, 'shims', os.environ.get('PEER_VERL_SHIMS_LOADED'))" 2>&1 | grep -v -i warn | tail -n 5
-    S=$(smol_dir); echo "smol HF folder: $S"
+    S=$(ours_smol_dir); echo "smol HF folder: $S"
     [ -f "$M15/config.json" ] || [ -n "${SKIP_1P5B:-}" ] || step model_1p5b 300 env PYTHONPATH=$OURS_PATH python3 benchmarks/multi_gpu_bench.py model --dir "$M15" --shape 1.5b
     PYTHONPATH=$VERL_PATH python3 "$HERE/check_prompts.py" --model "$S" --data benchmarks/data/gsm_symbolic/test.parquet --side verl \
       --out "$OUT/prompts_verl.json" && PYTHONPATH=$OURS_PATH python3 "$HERE/check_prompts.py" --model "$S" \
       --data benchmarks/data/gsm_symbolic/test.parquet --side ours --out "$OUT/prompts_ours.json" --compare "$OUT/prompts_verl.json"
     nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
     ;;
-  verl_smol) train verl_smol verl smol "$(smol_dir)" ;;
+  verl_smol) train verl_smol verl smol "$(ours_smol_dir)" ;;
   # verl in two calls of one lease: part 1 saves every SAVE_FREQ steps and stops at its cap; part 2 resumes from
   # the last save without validating again first
   verl_smol_1|verl_1p5b_1|verl_smol_2|verl_1p5b_2)
-    job=${MODE#verl_}; part=${job##*_}; job=${job%_*}; model=$M15; [ "$job" = smol ] && model=$(smol_dir)
+    job=${MODE#verl_}; part=${job##*_}; job=${job%_*}; model=$M15; [ "$job" = smol ] && model=$(ours_smol_dir)
     extra="trainer.save_freq=${SAVE_FREQ:-5}"
     [ "$part" = 2 ] && extra="$extra trainer.resume_mode=auto trainer.val_before_train=false"
     VERL_ARGS="$extra ${VERL_ARGS:-}" train "verl_$job" verl "$job" "$model" "$part" ;;
