@@ -37,6 +37,7 @@ class ToolPrompt:
         self.schemas = [dict(s) for s in schemas]
         self.kwargs = dict(chat_kwargs or {})
         self.native = self._apply(_PROBE, tools=self.schemas) != self._apply(_PROBE)
+        self.system_text = "" if self.native else hermes_tools_text(self.schemas)  # the same for every prompt
         if not self.native and source not in _warned:
             _warned.add(source)
             logger.warning("%s: the tokenizer's chat template does not render `tools`; the %d tool schema(s) and the "
@@ -50,7 +51,7 @@ class ToolPrompt:
     def render(self, messages: list[dict]) -> str:
         if self.native:
             return self._apply(messages, tools=self.schemas)
-        return self._apply(with_tools_in_system(messages, hermes_tools_text(self.schemas)))
+        return self._apply(with_tools_in_system(messages, self.system_text))
 
 
 def with_tools_in_system(messages: list[dict], text: str) -> list[dict]:

@@ -77,8 +77,11 @@ def check_rollout(cfg: PPOConfig, device: str, world: int, p: Problems, placemen
 def check_multi_turn(cfg: PPOConfig, rollout: RolloutLayout, p: Problems) -> None:
     """multi_turn.*: the tool and interaction files load (classes import, schemas parse) before any worker starts."""
     m, key = cfg.actor_rollout_ref.rollout.multi_turn, f"{ARA}.rollout.multi_turn"
-    _check_prompt_tools(cfg, p)
     if not m.enable:
+        p.check(not cfg.data.tool_config_path,
+                f"data.tool_config_path={cfg.data.tool_config_path} (it follows {key}.tool_config_path unless set) "
+                f"writes tool schemas into every prompt, but {key}.enable=false: no tool would answer a call. Set "
+                f"{key}.enable=true, or data.tool_config_path=null")
         return
     from hybridrl.agent import TOOL_CALL_FORMATS, load_interactions, load_tools
     from hybridrl.agent.loop import TRUNCATE_SIDES
@@ -91,14 +94,17 @@ def check_multi_turn(cfg: PPOConfig, rollout: RolloutLayout, p: Problems) -> Non
     p.check(m.max_parallel_calls >= 1, f"{key}.max_parallel_calls={m.max_parallel_calls} must be >= 1")
     p.check(m.max_tool_response_length >= 1, f"{key}.max_tool_response_length must be >= 1")
     p.check(m.tool_timeout_s > 0, f"{key}.tool_timeout_s={m.tool_timeout_s} must be > 0")
+    loaded = {}
     for path, loader, name in ((m.tool_config_path, load_tools, "tool_config_path"),
                                (m.interaction_config_path, load_interactions, "interaction_config_path")):
         if path is None:
             continue
         try:
-            loader(path)
+            loaded[name] = loader(path)
         except Exception as e:  # the loaders' messages name the file, the entry and the class
             p.errors.append(f"{key}.{name}: {type(e).__name__}: {e}")
+    if cfg.data.tool_config_path and (m.tool_config_path is None or "tool_config_path" in loaded):
+        _check_prompt_tools(cfg, set(loaded.get("tool_config_path", {})), p)
     if not m.tool_config_path and not m.interaction_config_path:
         p.notes.append(f"{key}.enable=true without tool_config_path or interaction_config_path: every sample is one turn")
     # one tp_g rank would add requests at other times than its peers (tools finish when they finish), and
@@ -108,18 +114,11 @@ def check_multi_turn(cfg: PPOConfig, rollout: RolloutLayout, p: Problems) -> Non
             f"(got {rollout.tp}): per-request generation runs each replica's turn loops on one GPU")
 
 
-def _check_prompt_tools(cfg: PPOConfig, p: Problems) -> None:
-    """data.tool_config_path: the tools written into prompts must be tools the agent loop can call."""
+def _check_prompt_tools(cfg: PPOConfig, callable_: set[str], p: Problems) -> None:
+    """data.tool_config_path: the tools written into prompts must be among the agent loop's (`callable_`)."""
     m, key, path = cfg.actor_rollout_ref.rollout.multi_turn, f"{ARA}.rollout.multi_turn", cfg.data.tool_config_path
-    if not path:
-        return
-    if not m.enable:
-        p.errors.append(f"data.tool_config_path={path} (it follows {key}.tool_config_path unless set) writes tool "
-                        f"schemas into every prompt, but {key}.enable=false: no tool would answer a call. Set "
-                        f"{key}.enable=true, or data.tool_config_path=null")
-        return
     if path == m.tool_config_path:
-        return  # check_multi_turn loads it
+        return
     from hybridrl.agent import load_tools
 
     try:
@@ -127,10 +126,6 @@ def _check_prompt_tools(cfg: PPOConfig, p: Problems) -> None:
     except Exception as e:  # the loader's message names the file, the entry and the class
         p.errors.append(f"data.tool_config_path: {type(e).__name__}: {e}")
         return
-    try:
-        callable_ = set(load_tools(m.tool_config_path)) if m.tool_config_path else set()
-    except Exception:
-        return  # check_multi_turn reports it
     missing = sorted(prompted - callable_)
     p.check(not missing, f"data.tool_config_path={path} declares tool(s) {missing} in the prompts that "
                          f"{key}.tool_config_path={m.tool_config_path} does not provide: the model would call tools "

@@ -125,13 +125,14 @@ def estimate(run: RunConfig, shape: ModelShape, gpu_memory_bytes: int,
     critic_act = activation_setup(run, "critic") if d.use_critic else None
     best: dict[str, Optional[Phase]] = {name: None for name in PHASES}
     for stage in range(d.actor.pp):
+        actor_train, actor_forward = stage_activation_parts(shape, actor_act, stage)
         s = StageMemory(
             actor=_role_memory(run, "actor", shape, stage),
             ref=_role_memory(run, "ref", shape, stage) if d.use_reference else None,
             critic=_role_memory(run, "critic", critic_shape, stage) if d.use_critic else None,
-            actor_activations=stage_activation_bytes(shape, actor_act, stage),
+            actor_activations=max(actor_train, actor_forward),
             critic_activations=stage_activation_bytes(critic_shape, critic_act, stage) if critic_act else 0,
-            forward_activations=stage_activation_parts(shape, actor_act, stage)[1],
+            forward_activations=actor_forward,
         )
         for name in PHASES:
             if name == "train_critic" and not d.use_critic:
