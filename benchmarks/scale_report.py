@@ -82,11 +82,8 @@ def summarize(steps: list[dict[str, Any]], plan: dict[str, Any]) -> dict[str, An
     else:
         step = [r["timing_s/step"] for r in timed]
         out.update(step_s_median=statistics.median(step), step_s_min=min(step), step_s_max=max(step))
-        parts = 0.0
         for phase in STEP_PHASES:
-            value = _median(timed, f"timing_s/{phase}")
-            out[f"{phase}_s"] = value
-            parts += value or 0.0
+            out[f"{phase}_s"] = _median(timed, f"timing_s/{phase}")
         # the median of each step's remainder, not a difference of medians (those need not add up)
         out["other_s"] = statistics.median(
             r["timing_s/step"] - sum(r.get(f"timing_s/{p}", 0.0) for p in STEP_PHASES) for r in timed)
