@@ -219,7 +219,7 @@ trainer.progress_bar=false ${MOE_ARGS:-}"
   scale)
     set -f  # the overrides travel as one word-split string: `[console,jsonl]` must not glob
     S=${2:?usage: gpu_run.sh scale 0.5b|1.5b|3b|7b}
-    ROW=$(scale_shape_args "$S") || { echo "scale: no row for shape $S in scale_shape_args (gpu_run.sh)"; exit 2; }
+    ROW=${SCALE_ROW:-$(scale_shape_args "$S")} || { echo "scale: no row for shape $S in scale_shape_args (gpu_run.sh)"; exit 2; }
     M=$(scale_model "$S"); RUN=$OUT/scale_$S
     rm -rf "$RUN"; mkdir -p "$RUN"  # the trainer appends to metrics.jsonl: a rerun starts clean
     A="$(scale_common "$M" "$RUN") $ROW ${SCALE_ARGS:-}"

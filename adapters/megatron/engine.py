@@ -161,7 +161,37 @@ def build_optimizer(chunks: list[torch.nn.Module], optim: OptimConfig, model_con
         use_distributed_optimizer=use_distributed_optimizer,
     )
     kwargs.update(optim.override_optimizer_config)
-    return get_megatron_optimizer(OptimizerConfig(**kwargs), chunks)
+    optimizer = get_megatron_optimizer(OptimizerConfig(**kwargs), chunks)
+    use_fused_torch_adam(optimizer)
+    return optimizer
+
+
+def use_fused_torch_adam(optimizer: Any) -> int:
+    """Switch the torch AdamW that megatron falls back to (no transformer-engine or apex) from foreach to fused;
+    returns the number of param groups switched.
+
+    foreach allocates a temporary as large as all the fp32 state it updates (4 bytes a parameter: 30 GB for
+    a 7.6B model) at every step; fused updates in place and was 2.4x faster on an H200 (2B parameters:
+    0.020 s vs 0.048 s; benchmarks/results/adam_mem.md). torch reads the two flags from the param group at
+    every step, so switching after megatron built the optimizer is enough; a checkpoint saved from either
+    form loads into the other (torch moves the `step` counters where the flags want them)."""
+    switched = 0
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = getattr(opt, "optimizer", None)
+        if type(inner) not in (torch.optim.Adam, torch.optim.AdamW):
+            continue  # TE / apex FusedAdam, CPU offload's hybrid optimizer: fused already, or not torch's
+        for group in inner.param_groups:
+            params = group["params"]
+            if params and not group.get("fused") and all(_fusable(p) for p in params):
+                group["fused"], group["foreach"] = True, False
+                inner.defaults.update(fused=True, foreach=False)  # for param groups added later
+                switched += 1
+    return switched
+
+
+def _fusable(p: torch.Tensor) -> bool:
+    """torch's fused AdamW: floating-point tensors on CUDA or CPU, no sparse or complex (its own checks)."""
+    return p.device.type in ("cuda", "cpu") and p.is_floating_point() and not p.is_sparse
 
 
 def build_scheduler(optimizer: Any, optim: OptimConfig, total_training_steps: Optional[int]) -> Any:
