@@ -71,7 +71,9 @@ class ModelRole(ABC):
     def offload(self, params: bool, grads: bool, optimizer: bool) -> OffloadReport: ...
 
     @abstractmethod
-    def onload(self, params: bool, grads: bool, optimizer: bool) -> OffloadReport: ...
+    def onload(self, params: bool, grads: bool, optimizer: bool) -> OffloadReport:
+        """Bring offloaded state back. An optimizer state left offloaded comes back by itself before the
+        role's next optimizer step and before a checkpoint: callers may leave it off until then."""
 
     @abstractmethod
     def save_checkpoint(self, path: str) -> None: ...

@@ -55,15 +55,18 @@ PY=${PY:-python3}  # the scale modes only (CPU=1 dry run: PY=.venv/bin/python)
 STEP_TAIL=8
 source "$(dirname "$0")/run_lib.sh"
 
-# The scale curve's per-shape trainer overrides on one H200 (141 GB): memory knobs only, checked with
-# `hybridrl plan` (its numbers for each row are in the run folder's plan.json). All rows pack sequences and cut
+# The scale curve's per-shape trainer overrides on one H200 (139.8 GiB as torch counts it): memory knobs only, checked
+# with `hybridrl plan` (its numbers for each row are in the run folder's plan.json). All rows pack sequences and cut
 # micro-batches by tokens (scale_common); the budget shrinks with the model's state. 7b: 7.6B params x (2 bf16
-# params + 12 Adam/fp32 master + 4 fp32 grads) = 137 GB does not fit, so its grads reduce in bf16 (-15 GB), layers
-# are recomputed, and the reference model is off (use_kl_loss=false): with ref.megatron.param_offload the reference's
-# 15 GB come on during its log-prob pass, while the actor's whole training state is on the GPU: `hybridrl plan`'s
-# ref_log_prob phase, 134.8 GiB of 141 for this row, too close given measured/plan ratios of 1.1-1.15. The offload flags only move state while vLLM generates; the hybrid engine moves grads and
-# optimizer state out then anyway. On an 80 GB card (H100) the 3b row needs more (plan: no fit; it ran OOM on
-# 2026-11-25): SCALE_ARGS="actor_rollout_ref.model.enable_gradient_checkpointing=true
+# params + 4 fp32 grads + 12 Adam/fp32 master) = 137 GB is only on the GPU for the optimizer step (actor_step,
+# 130.7 GiB with the overhead): the hybrid engine keeps the optimizer state on the host from the rollout until the
+# update's first optimizer step (weight_sync.py, step 9), so the log-prob passes and the forward/backward run
+# without it; layers are recomputed. Keep the grads in fp32: bf16 grads (grad_reduce_in_fp32=false) save 15 GB in
+# the backward but the distributed optimizer copies them to fp32 for the step (+30 GB: OOM on 2026-11-25,
+# benchmarks/results/adam_mem.md). The reference is off (use_kl_loss=false) for the host's sake: the optimizer state
+# pins 91 GB of its 125 GiB, and megatron's CPU optimizer offload ran the host out of memory (megatron_scale.md).
+# On an 80 GB card (H100) the 3b row needs more (plan: no fit; it ran OOM on 2026-11-25):
+# SCALE_ARGS="actor_rollout_ref.model.enable_gradient_checkpointing=true
 # +actor_rollout_ref.actor.megatron.override_ddp_config.grad_reduce_in_fp32=false actor_rollout_ref.ref.megatron.param_offload=true
 # actor_rollout_ref.actor.megatron.{optimizer,grad,param}_offload=true" (each written out) ran there.
 scale_shape_args() {
@@ -72,8 +75,6 @@ scale_shape_args() {
     1.5b) echo "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=8192" ;;
     3b)   echo "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=8192" ;;
     7b)   echo "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096 actor_rollout_ref.model.enable_gradient_checkpointing=true \
-actor_rollout_ref.actor.megatron.param_offload=true actor_rollout_ref.actor.megatron.grad_offload=true \
-actor_rollout_ref.actor.megatron.optimizer_offload=true +actor_rollout_ref.actor.megatron.override_ddp_config.grad_reduce_in_fp32=false \
 actor_rollout_ref.actor.use_kl_loss=false" ;;
     *) return 1 ;;
   esac

@@ -17,7 +17,7 @@ the first pinning of host memory):
   train_peak_bytes          max memory/train_peak_bytes over all steps: device memory resident when the actor
                             update starts plus the update's rise in allocated memory
   rollout_peak_bytes        max memory/rollout_used_bytes: device memory in use with vLLM's weights and KV awake
-  plan_train_bytes, plan_rollout_bytes    the plan's phases.train_actor.total and phases.rollout.total
+  plan_train_bytes, plan_rollout_bytes    the plan's larger of phases.train_actor/actor_step .total, phases.rollout.total
   ref_peak_bytes            max memory/ref_peak_bytes: the reference's log-prob pass with its weights onloaded
                             (plan: the ref_log_prob phase, planned only with ref.megatron.param_offload)
   train_measured_over_plan, rollout_measured_over_plan, ref_measured_over_plan    measured / plan total (the
@@ -100,8 +100,10 @@ def summarize(steps: list[dict[str, Any]], plan: dict[str, Any]) -> dict[str, An
         out[f"{key}_bytes_by_step"] = [r.get(f"memory/{key}_bytes") for r in steps]
     phases = plan.get("phases") or {}
     overhead = plan.get("overhead_bytes") or 0
-    for name, key in (("train", "train_actor"), ("rollout", "rollout"), ("ref", "ref_log_prob")):
-        total = (phases.get(key) or {}).get("total")
+    for name, keys in (("train", ("train_actor", "actor_step")), ("rollout", ("rollout",)), ("ref", ("ref_log_prob",))):
+        # update_actor's peak spans its forward/backward and its optimizer step: the larger of the two phases
+        totals = [(phases.get(k) or {}).get("total") for k in keys]
+        total = max((t for t in totals if t is not None), default=None)
         out[f"plan_{name}_bytes"] = total
         out[f"{name}_measured_over_plan"] = _ratio(out[f"{name}_peak_bytes"], total)
         out[f"{name}_measured_over_plan_no_overhead"] = _ratio(out[f"{name}_peak_bytes"],

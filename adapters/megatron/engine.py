@@ -95,8 +95,10 @@ class Engine:
             )
 
     def train_step(self, micro_batches: list[MicroBatch], loss_fn: LossFn,
-                   prepare: Optional[Callable[[MicroBatch], None]] = None) -> tuple[list[dict], float, bool]:
+                   prepare: Optional[Callable[[MicroBatch], None]] = None,
+                   before_step: Optional[Callable[[], None]] = None) -> tuple[list[dict], float, bool]:
         """One optimizer step over `micro_batches`: (per-micro-batch metrics, grad norm, applied?).
+        `before_step()` runs between the backward passes and the optimizer step (the role's optimizer onload).
 
         MoE models: the router losses of the step are in `self.router_losses` (moe.router_loss_values)."""
         assert self.optimizer is not None, "train_step on a role built without an optimizer (reference)"
@@ -111,6 +113,8 @@ class Engine:
             self.router_losses = moe.router_loss_values(self.config, len(micro_batches))
         else:
             metrics = self.run(micro_batches, loss_fn, forward_only=False, prepare=prepare)
+        if before_step is not None:
+            before_step()
         grad_norm, applied = optimizer_step(self.optimizer, self.optim.clip_grad)
         self.optimizer_steps += int(applied)
         return metrics, grad_norm, applied

@@ -52,6 +52,7 @@ class MegatronRole:
                              total_training_steps, megatron.override_ddp_config)
         self.updates = 0  # update calls so far (the LR scheduler counts the same steps)
         self._offloaded = offload.State()
+        self._optimizer_onload_s = 0.0  # the deferred optimizer onloads of the current update (ModelRole.onload)
         self._regions: Optional[list[WeightRegion]] = None  # weight_regions(), built on first use
 
     # ---------------------------------------------------------------------------------- interface
@@ -76,10 +77,18 @@ class MegatronRole:
         return offload.onload(self.engine, self._offloaded, params, grads, optimizer)
 
     def save_checkpoint(self, path: str) -> None:
+        self._optimizer_on_device()
         checkpoint.save(path, self)
 
     def load_checkpoint(self, path: str) -> None:
+        self._optimizer_on_device()
         checkpoint.load(path, self)
+
+    def _optimizer_on_device(self) -> None:
+        """The optimizer state back from the host if it was left there (weight_sync.py, step 9): it is needed
+        only from the optimizer step on, so a one-step update's forward/backward runs without it."""
+        if self._offloaded.offloaded["optimizer"]:
+            self._optimizer_onload_s += offload.onload(self.engine, self._offloaded, False, False, True).seconds
 
     # ---------------------------------------------------------------------------------- helpers
     def _shuffle_seed(self, epoch: int) -> Optional[int]:
@@ -98,6 +107,7 @@ class MegatronRole:
         """
         plan = self.batch
         self.updates += 1
+        self._optimizer_onload_s = 0.0
         self.engine.scheduler.step(1)  # this update runs at lr(step); warm-up starts above lr_warmup_init
         history: list[list[float]] = []
         for epoch in range(plan.ppo_epochs):
@@ -106,13 +116,16 @@ class MegatronRole:
                 mbs = self._micro_batches(mini, keys, plan.micro_batch_per_gpu,
                                           plan.max_token_len_per_gpu if plan.use_dynamic_bsz else None)
                 with self._routing(mini) as prepare:
-                    per_micro, grad_norm, applied = self.engine.train_step(mbs, make_loss_fn(mini), prepare)
+                    per_micro, grad_norm, applied = self.engine.train_step(mbs, make_loss_fn(mini), prepare,
+                                                                           self._optimizer_on_device)
                 router = list(self.engine.router_losses.values())  # MoE models: load-balancing and z-loss
                 history.append(self._rank_metrics(per_micro, metric_names) + [grad_norm, float(applied)] + router)
         names = metric_names + [f"{self.role}/grad_norm", f"{self.role}/update_applied"]
         names += [f"{self.role}/{k}" for k in self.engine.router_losses]
         out = {k: sum(h[i] for h in history) / len(history) for i, k in enumerate(names)}
         out[f"{self.role}/lr"] = self.engine.lr()
+        if self._optimizer_onload_s:
+            out["timing_s/optimizer_onload"] = self._optimizer_onload_s
         return out
 
     @contextlib.contextmanager

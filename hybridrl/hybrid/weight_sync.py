@@ -22,7 +22,10 @@ Ordering (every rank runs it; the export is collective, so all ranks take the sa
   (generate)
   release()
     8. engine.sleep()                        when free_cache_engine: free weights + KV cache
-    9. actor.onload(what 1 and 6 offloaded)  training state back for log-probs and the update
+    9. actor.onload(params of 6, grads)      training state back for log-probs and the update; the optimizer
+                                             state stays on the host until the update's first optimizer step
+                                             brings it back (ModelRole.onload), so the log-prob passes and a
+                                             one-step update's forward/backward run without it
 
 `rollout_phase(step)` wraps push/release around a block; `generate_sequences` is the per-step call a
 rollout worker makes.
@@ -130,7 +133,7 @@ class WeightSync:
             start = time.perf_counter()
             self.engine.sleep()
             metrics["timing_s/engine_sleep"] = time.perf_counter() - start
-        report = self.actor.onload(**self._offloaded)
+        report = self.actor.onload(**{**self._offloaded, "optimizer": False})
         self._offloaded = None
         metrics["timing_s/onload"] = float(report.seconds)
         metrics["onload/bytes"] = float(report.total_bytes)

@@ -188,13 +188,29 @@ def _layout_fixes(p: dict[str, int], run: RunConfig, shape: ModelShape, role: st
 def _fixes_for_training(phase: Phase, run: RunConfig, shape: ModelShape) -> list[_Fix]:
     p = phase.parts
     role, idle = ("critic", "actor") if phase.name == "train_critic" else ("actor", "critic")
-    fixes = []
-    engine = p["rollout_weights"] + p["rollout_kv_cache"] + p["rollout_activations"]
-    if engine:
-        fixes.append(_Fix(f"{ARA}.rollout.free_cache_engine", f"{ARA}.rollout.free_cache_engine=true (vLLM sleeps "
-                          f"while training, frees {_gib(engine)})", engine))
-    return (fixes + _offload_fixes(p, (idle,), "the idle") + _activation_fixes(p, run, role)
+    return (_engine_fixes(p) + _offload_fixes(p, (idle,), "the idle") + _activation_fixes(p, run, role)
             + _layout_fixes(p, run, shape, role))
+
+
+def _engine_fixes(p: dict[str, int]) -> list[_Fix]:
+    engine = p["rollout_weights"] + p["rollout_kv_cache"] + p["rollout_activations"]
+    if not engine:
+        return []
+    return [_Fix(f"{ARA}.rollout.free_cache_engine", f"{ARA}.rollout.free_cache_engine=true (vLLM sleeps "
+                 f"while training, frees {_gib(engine)})", engine)]
+
+
+def _fixes_for_step(phase: Phase, run: RunConfig, shape: ModelShape) -> list[_Fix]:
+    """The actor's optimizer step: its whole state and no activations (recompute or smaller micro-batches do not
+    help here); bf16 grads add their fp32 copies."""
+    p = phase.parts
+    fixes = _engine_fixes(p) + _offload_fixes(p, ("critic",), "the idle")
+    if p["optimizer_step"]:
+        key = f"+{ARA}.actor.megatron.override_ddp_config.grad_reduce_in_fp32"
+        fixes.append(_Fix(key, f"{key}=true (fp32 grads: +{_gib(p['actor_grads'])} of grads, but the step's "
+                               f"fp32 copy of the bf16 grads, {_gib(p['optimizer_step'])}, goes)",
+                          p["optimizer_step"] - p["actor_grads"]))
+    return fixes + _layout_fixes(p, run, shape, "actor")
 
 
 def _fixes_for_ref_pass(phase: Phase, run: RunConfig, shape: ModelShape) -> list[_Fix]:
@@ -238,10 +254,11 @@ def fit_problems(plan: MemoryPlan, run: RunConfig, shape: ModelShape) -> list[Pr
     if run.derived.device != "cuda":
         return []
     gpu, out = plan.gpu_memory_bytes, []
-    for name in ("train_actor", "train_critic"):
+    for name in ("train_actor", "actor_step", "train_critic"):
         phase = plan.phases.get(name)
         if phase is not None and phase.total > gpu:
-            out.append(_explain(phase, gpu, _fixes_for_training(phase, run, shape)))
+            fixes = _fixes_for_step if name == "actor_step" else _fixes_for_training
+            out.append(_explain(phase, gpu, fixes(phase, run, shape)))
     ref_pass = plan.phases.get("ref_log_prob")
     if ref_pass is not None and ref_pass.total > gpu:
         out.append(_explain(ref_pass, gpu, _fixes_for_ref_pass(ref_pass, run, shape)))

@@ -94,7 +94,8 @@ def _role_memory(run: RunConfig, role: str, shape: ModelShape, stage: int) -> Ro
     if experts:
         routed = model_state_bytes(experts, dtype_bytes, grad_fp32=grad_fp32, optimizer=optim.optimizer,
                                    optimizer_shards=layout.expert_dp if distributed else 1, trainable=role != "ref")
-        state = ModelState(state.params + routed.params, state.grads + routed.grads, state.optimizer + routed.optimizer)
+        state = ModelState(state.params + routed.params, state.grads + routed.grads, state.optimizer + routed.optimizer,
+                           state.step + routed.step)
     return RoleMemory(state, offload_params=gpu and megatron.param_offload, offload_grads=gpu and megatron.grad_offload,
                       offload_optimizer=gpu and megatron.optimizer_offload)
 
@@ -133,6 +134,7 @@ def estimate(run: RunConfig, shape: ModelShape, gpu_memory_bytes: int,
             actor_activations=max(actor_train, actor_forward),
             critic_activations=stage_activation_bytes(critic_shape, critic_act, stage) if critic_act else 0,
             forward_activations=actor_forward,
+            actor_steps_per_update=d.actor_batch.optimizer_steps_per_step,
         )
         for name in PHASES:
             if name == "train_critic" and not d.use_critic:

@@ -12,6 +12,9 @@ Model state (Megatron, mixed precision):
     optimizer = P * (8 + 4 [if b < 4]) / S    (Adam exp_avg + exp_avg_sq in fp32, fp32 master params when
                                                training in bf16/fp16; SGD keeps 4 for momentum;
                                                S = dp * cp with the distributed optimizer, else 1)
+    optimizer_step = P * 4 / S                (bf16 grads only: the distributed optimizer's fp32 copy of each
+                                               grad shard, alive during the step; torch's AdamW runs fused, which
+                                               needs no temporary: benchmarks/results/adam_mem.md)
 P of stage i = ceil(L/pp) * (W_layer/tp + 2h) + [i = 0] * Vp*h/tp + [i = pp-1] * (h + [untied or pp > 1] * Vp*h/tp),
 W_layer = h*(q + 2kv) + q*h (+ q + 2kv of QKV bias) + 3*h*f (SwiGLU), Vp = V padded up to a multiple of
 lcm(64, tp) as the Megatron adapter builds it (so any tp works; the padded rows are masked).
@@ -45,12 +48,15 @@ Rollout engine (vLLM, colocated):
     While asleep (free_cache_engine=true) it holds nothing; otherwise its whole share stays.
 
 Phases (each component is 0 when absent; totals are for the busiest pipeline stage):
-    train_actor   the actor's update: actor params+grads+optimizer + activations, plus whatever idle roles keep
+    train_actor   the actor's forward/backward: actor params+grads + activations, plus whatever idle roles keep;
+                  with the hybrid engine and one optimizer step per update the optimizer state is still on the
+                  host (weight_sync.py, step 9: it comes back for the step), else it is counted here too
+    actor_step    the actor's optimizer step: its whole state + optimizer_step, no activations (freed by then)
     train_critic  the critic's update (PPO with GAE): the same with the critic's state and activations
     ref_log_prob  the reference's log-prob pass, planned when ref.megatron.param_offload is set (otherwise the
                   reference's params are counted in the phases above, and a forward pass holds no more than an
-                  update): the reference's params come back while the actor's whole training state is on the
-                  GPU (the hybrid engine restored it after generation), plus a forward-only pass's activations
+                  update): the reference's params come back beside the actor's params and grads (and its
+                  optimizer state without the hybrid engine), plus a forward-only pass's activations
     rollout       generation: vLLM's share + what the training roles keep after offload (a split placement,
                   actor_rollout_ref.hybrid_engine=false: one of the rollout's own GPUs, vLLM's share only)
 An idle role keeps params/grads/optimizer unless its megatron.{param,grad,optimizer}_offload is set (the
@@ -79,9 +85,9 @@ DEFAULT_OVERHEAD_BYTES = 3 * GiB
 COMPONENTS = (
     "actor_params", "actor_grads", "actor_optimizer", "ref_params",
     "critic_params", "critic_grads", "critic_optimizer", "activations",
-    "rollout_weights", "rollout_activations", "rollout_kv_cache", "overhead",
+    "rollout_weights", "rollout_activations", "rollout_kv_cache", "optimizer_step", "overhead",
 )
-PHASES = ("train_actor", "train_critic", "ref_log_prob", "rollout")
+PHASES = ("train_actor", "actor_step", "train_critic", "ref_log_prob", "rollout")
 
 
 # ------------------------------------------------------------------------------------------- model state
@@ -122,6 +128,7 @@ class ModelState:
     params: int
     grads: int
     optimizer: int
+    step: int = 0  # what the optimizer step adds for its duration (not in `total`): fp32 copies of bf16 grads
 
     @property
     def total(self) -> int:
@@ -134,10 +141,12 @@ def model_state_bytes(params: int, dtype_bytes: int, *, grad_fp32: bool = True, 
     if not trainable:
         return ModelState(params * dtype_bytes, 0, 0)
     per_param = (8 if optimizer == "adam" else 4) + (4 if dtype_bytes < 4 else 0)
+    grad_bytes = 4 if grad_fp32 else dtype_bytes
     return ModelState(
         params=params * dtype_bytes,
-        grads=params * (4 if grad_fp32 else dtype_bytes),
+        grads=params * grad_bytes,
         optimizer=math.ceil(params * per_param / max(optimizer_shards, 1)),
+        step=math.ceil(params * 4 / max(optimizer_shards, 1)) if grad_bytes < 4 else 0,
     )
 
 
@@ -303,6 +312,7 @@ class StageMemory:
     actor_activations: int
     critic_activations: int
     forward_activations: int = 0  # the actor's forward-only pass (the reference runs the same shapes)
+    actor_steps_per_update: int = 1  # optimizer steps of one update call (mini-batches x ppo_epochs)
 
 
 @dataclass(frozen=True)
@@ -322,10 +332,13 @@ def phase_parts(name: str, s: StageMemory, r: RolloutMemory, overhead: int, spli
         parts.update(rollout_weights=r.weights, rollout_activations=r.activations, rollout_kv_cache=max(r.kv_cache, 0),
                      overhead=overhead)
         return parts
-    # the hybrid engine restores the actor's whole state after generation, before the log-prob passes
-    actor = s.actor.state if name in ("train_actor", "ref_log_prob") else s.actor.idle()
+    actor = s.actor.state if name in ("train_actor", "actor_step", "ref_log_prob") else s.actor.idle()
     if name == "rollout":  # WeightSync.push offloads grads and optimizer whatever the flags say
         actor = ModelState(actor.params, 0, 0)
+    # ...and brings the grads back after generation, the optimizer state only at the update's first step
+    deferred = not split and (name == "ref_log_prob" or (name == "train_actor" and s.actor_steps_per_update == 1))
+    if deferred:
+        actor = ModelState(actor.params, actor.grads, 0)
     critic = None if s.critic is None else (s.critic.state if name == "train_critic" else s.critic.idle())
     ref = s.ref.idle() if s.ref is not None else None  # the reference never trains: params only
     parts.update(_role_parts("actor", actor))
@@ -336,6 +349,8 @@ def phase_parts(name: str, s: StageMemory, r: RolloutMemory, overhead: int, spli
         parts["ref_params"] = s.ref.state.params  # onloaded for its pass
     parts["activations"] = {"train_actor": s.actor_activations, "train_critic": s.critic_activations,
                             "ref_log_prob": s.forward_activations}.get(name, 0)
+    if name == "actor_step":
+        parts["optimizer_step"] = s.actor.state.step
     if not split and (name == "rollout" or not r.asleep_when_training):
         parts.update(rollout_weights=r.weights, rollout_activations=r.activations, rollout_kv_cache=max(r.kv_cache, 0))
     parts["overhead"] = overhead

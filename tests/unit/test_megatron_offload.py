@@ -3,6 +3,8 @@ across rounds, and PinnedBuffer's register/unregister pairing (checked against a
 CUDA runtime; tests/gpu/test_megatron_gpu.py checks the real registration and the bytes on an H200)."""
 from __future__ import annotations
 
+import types
+
 import torch
 
 from hybridrl.adapters.megatron import offload, pinned
@@ -146,3 +148,23 @@ def test_slow_pinning_is_a_warning_with_its_phases(caplog):
         offload._log_pinning([arena(int(18.5e9), 0.3, 0.4)])
     assert [r.levelname for r in caplog.records] == ["WARNING", "INFO"]
     assert "18.50 GB" in caplog.records[0].getMessage() and "fault 2.50 s" in caplog.records[0].getMessage()
+
+
+def test_an_optimizer_state_left_offloaded_comes_back_before_the_step_or_a_checkpoint(monkeypatch):
+    """weight_sync.release leaves the optimizer state on the host; MegatronRole brings it back by itself
+    (train_step's before_step, save/load_checkpoint). The device side runs on CPU storages here."""
+    from hybridrl.adapters.megatron import compat
+    from hybridrl.adapters.megatron.role import MegatronRole
+
+    monkeypatch.setattr(compat, "cuda_in_use", lambda: True)
+    monkeypatch.setattr(compat, "synchronize", lambda: None)
+    monkeypatch.setattr(compat, "empty_cache", lambda: None)
+    exp_avg = torch.arange(64, dtype=torch.float32)
+    role = types.SimpleNamespace(engine=None, _offloaded=offload.State(), _optimizer_onload_s=0.0)
+    offload._offload_storages([exp_avg], role._offloaded, "optimizer", keep=True, device_type="cpu")
+    assert exp_avg.untyped_storage().nbytes() == 0
+    MegatronRole._optimizer_on_device(role)
+    assert torch.equal(exp_avg, torch.arange(64, dtype=torch.float32)) and role._optimizer_onload_s > 0
+    spent = role._optimizer_onload_s
+    MegatronRole._optimizer_on_device(role)  # already on the device: nothing moves
+    assert role._optimizer_onload_s == spent and not role._offloaded.offloaded["optimizer"]

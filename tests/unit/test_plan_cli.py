@@ -31,7 +31,7 @@ def test_json_keys_are_stable(capsys):
     code, out = plan_json(capsys, "preset=7b_8gpu", "--model-config", "Qwen2.5-7B")
     assert code == 0 and out["ok"] is True and out["problems"] == []
     assert tuple(out) == KEYS and out["format"] == "hybridrl.plan/1"
-    assert set(out["phases"]) == {"train_actor", "train_critic", "ref_log_prob", "rollout"}
+    assert set(out["phases"]) == {"train_actor", "actor_step", "train_critic", "ref_log_prob", "rollout"}
     assert out["phases"]["ref_log_prob"] is None  # PPO without a KL loss: no reference
     for phase in filter(None, out["phases"].values()):
         assert set(phase) == {*COMPONENTS, "total", "stage"}
@@ -109,21 +109,38 @@ def test_training_does_not_fit(capsys):
     assert f"a larger {TP}" in msg
 
 
+SEVEN_B_ONE_GPU = ["--config-name", "grpo_trainer", "trainer.n_gpus_per_node=1", f"{ARA}.rollout.tensor_model_parallel_size=1",
+                   f"{ARA}.model.use_remove_padding=true", f"{ARA}.actor.use_dynamic_bsz=true",
+                   f"{ARA}.actor.ppo_max_token_len_per_gpu=4096", f"{ARA}.model.enable_gradient_checkpointing=true",
+                   f"{ARA}.ref.megatron.param_offload=true", "data.train_batch_size=16",
+                   f"{ARA}.actor.ppo_mini_batch_size=16", "data.max_prompt_length=64", "data.max_response_length=256",
+                   "--model-config", "Qwen2.5-7B", "--gpu-mem-gb"]
+
+
+def test_seven_b_on_one_h200_fits_with_fp32_grads_only(capsys):
+    """The scale curve's 7B row on one H200 (139.8 GiB as torch reports it). With bf16 grads the optimizer step holds
+    their fp32 copies beside the whole Adam state (it ran out of memory there, 2026-11-25): refused at actor_step,
+    and fp32 grads are the fix. With them it fits, the reference included: the optimizer state stays on the host
+    through the log-prob passes and the forward/backward."""
+    bf16 = f"+{ARA}.actor.megatron.override_ddp_config.grad_reduce_in_fp32=false"
+    problems = refused(capsys, *SEVEN_B_ONE_GPU, "139.8", bf16)
+    assert len(problems) == 1 and "the actor_step phase needs 144.9 GiB" in problems[0]["message"]
+    assert problems[0]["knob"] == f"+{ARA}.actor.megatron.override_ddp_config.grad_reduce_in_fp32"
+    code, out = plan_json(capsys, *SEVEN_B_ONE_GPU, "139.8")
+    assert code == 0 and out["peak"]["phase"] == "actor_step"
+    assert round(out["peak"]["bytes"] / 2**30, 1) == 130.7 and out["phases"]["ref_log_prob"]["actor_optimizer"] == 0
+
+
 def test_reference_pass_does_not_fit(capsys):
-    """7B on one 130 GiB GPU with the reference offloaded: the update fits, the reference's pass beside the actor's
-    whole state does not (the scale curve's 7B row turns the reference off for this reason)."""
-    args = ["--config-name", "grpo_trainer", "trainer.n_gpus_per_node=1", f"{ARA}.rollout.tensor_model_parallel_size=1",
-            f"{ARA}.model.use_remove_padding=true", f"{ARA}.actor.use_dynamic_bsz=true",
-            f"{ARA}.actor.ppo_max_token_len_per_gpu=4096", f"{ARA}.model.enable_gradient_checkpointing=true",
-            f"+{ARA}.actor.megatron.override_ddp_config.grad_reduce_in_fp32=false",
-            f"{ARA}.ref.megatron.param_offload=true", "data.train_batch_size=16", f"{ARA}.actor.ppo_mini_batch_size=16",
-            "data.max_prompt_length=64", "data.max_response_length=256", "--model-config", "Qwen2.5-7B"]
-    problems = refused(capsys, *args, "--gpu-mem-gb", "130")
-    assert len(problems) == 1 and "the ref_log_prob phase needs 134.8 GiB" in problems[0]["message"]
-    assert problems[0]["knob"] == f"{ARA}.actor.use_kl_loss"  # frees the most: the reference's 14.2 GiB
-    assert f"a lower {ARA}.ref.log_prob_max_token_len_per_gpu" in problems[0]["message"]
+    """The reference's pass with 96k-token forward micro-batches: its logits do not fit beside the reference's
+    weights; the fixes name its micro-batch and dropping the reference, not its offload (already on)."""
+    big = [f"{ARA}.rollout.log_prob_max_token_len_per_gpu=98304", f"{ARA}.ref.log_prob_max_token_len_per_gpu=98304"]
+    problems = refused(capsys, *SEVEN_B_ONE_GPU, "150", *big)
+    assert len(problems) == 1 and "the ref_log_prob phase needs 157.8 GiB" in problems[0]["message"]
+    assert problems[0]["knob"] == f"{ARA}.ref.log_prob_max_token_len_per_gpu"  # frees the most: half the logits
+    assert f"no reference: {ARA}.actor.use_kl_loss=false" in problems[0]["message"]
     assert "ref.megatron.param_offload=true (" not in problems[0]["message"]  # already on: not offered
-    code, out = plan_json(capsys, *args, "--gpu-mem-gb", "141")
+    code, out = plan_json(capsys, *SEVEN_B_ONE_GPU, "160", *big)
     assert code == 0 and out["peak"]["phase"] == "ref_log_prob"
 
 

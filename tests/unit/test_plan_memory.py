@@ -215,15 +215,15 @@ def test_split_placement_plans_the_rollout_gpu_and_the_training_gpus_apart():
 
 
 def test_reference_pass_with_param_offload_is_its_own_phase_by_hand():
-    """With ref param_offload the reference's weights come back for its log-prob pass while the actor's whole training
-    state is on the GPU (restored after generation): params + grads + optimizer + the reference + one forward pass."""
+    """With ref param_offload the reference's weights come back for its log-prob pass beside the actor's params and
+    grads (restored after generation; its optimizer state comes back at the update's first step): params + grads
+    + the reference + one forward pass."""
     shape = resolve("Qwen2.5-7B")
     run = validate(load_config(["preset=7b_8gpu", "actor_rollout_ref.ref.megatron.param_offload=true"],
                                config_name="grpo_trainer"), cuda_available=GPU)
     plan = estimate(run, shape, 80 * GiB, overhead_bytes=3 * GiB)
     ref = plan.phases["ref_log_prob"].parts
-    assert (ref["actor_params"], ref["actor_grads"], ref["actor_optimizer"]) == (
-        7_615_820_800, 15_231_641_600, 11_423_731_200)
+    assert (ref["actor_params"], ref["actor_grads"], ref["actor_optimizer"]) == (7_615_820_800, 15_231_641_600, 0)
     assert ref["ref_params"] == 7_615_820_800  # the same bf16 shard as the actor's (tp=2)
     # forward micro-batch 8 x 1024 tokens: one layer's activations + bf16 logits and their fp32 log-softmax
     assert ref["activations"] == 79_416 * 8192 + 8192 * 76_032 * 6
@@ -234,3 +234,31 @@ def test_reference_pass_with_param_offload_is_its_own_phase_by_hand():
     kept_plan = estimate(kept, shape, 80 * GiB)
     assert kept_plan.phases["ref_log_prob"] is None  # the reference is resident: train_actor counts it
     assert kept_plan.phases["train_actor"].parts["ref_params"] == 7_615_820_800
+
+
+def test_optimizer_state_comes_back_for_the_step_only_by_hand():
+    """Hybrid engine, one optimizer step per update: the forward/backward runs without the optimizer state (still on
+    the host) and the step holds the whole state plus, with bf16 grads, their fp32 copies (P * 4 / S). With two
+    mini-batches, or a split placement, the state is on the GPU during forward/backward too."""
+    shape = resolve("Qwen2.5-7B")
+    one = ["preset=7b_8gpu", "data.train_batch_size=64", "actor_rollout_ref.actor.ppo_mini_batch_size=64",
+           "+actor_rollout_ref.actor.megatron.override_ddp_config.grad_reduce_in_fp32=false"]
+    run = validate(load_config(one, config_name="grpo_trainer"), cuda_available=GPU)
+    assert run.derived.actor_batch.optimizer_steps_per_step == 1
+    plan = estimate(run, shape, 80 * GiB, overhead_bytes=3 * GiB)
+    a = run.derived.actor
+    p = 7_615_820_800 // 2  # the bf16 shard of tp=2 is 7_615_820_800 bytes: p parameters
+    shards = a.dp * a.cp
+    train, step = plan.phases["train_actor"].parts, plan.phases["actor_step"].parts
+    assert (train["actor_params"], train["actor_grads"], train["actor_optimizer"]) == (2 * p, 2 * p, 0)
+    assert train["optimizer_step"] == 0 and train["activations"] > 0
+    assert (step["actor_params"], step["actor_grads"], step["actor_optimizer"]) == (2 * p, 2 * p, -(-12 * p // shards))
+    assert step["optimizer_step"] == -(-4 * p // shards) and step["activations"] == 0
+    assert plan.phases["actor_step"].total == sum(step.values())
+    two = validate(load_config(one[:2] + ["actor_rollout_ref.actor.ppo_mini_batch_size=32"] + one[3:],
+                               config_name="grpo_trainer"), cuda_available=GPU)
+    assert two.derived.actor_batch.optimizer_steps_per_step == 2
+    assert estimate(two, shape, 80 * GiB).phases["train_actor"].parts["actor_optimizer"] == -(-12 * p // shards)
+    fp32 = validate(load_config(one[:3], config_name="grpo_trainer"), cuda_available=GPU)
+    fp32_step = estimate(fp32, shape, 80 * GiB).phases["actor_step"].parts
+    assert fp32_step["optimizer_step"] == 0 and fp32_step["actor_grads"] == 4 * p  # the fp32 grads are Adam's own
