@@ -67,7 +67,7 @@ class Components:
         clock = StartupClock()
         cfg, t = run.cfg, run.cfg.trainer
         model = cfg.actor_rollout_ref.model
-        model_dir = materialize_hf_dir(model.path, model.gguf_file)
+        model_dir = materialize_hf_dir(model.path, model.gguf_file, weights=_actor_weights_read(run))
         check_model_fits_layout(run, model_dir)
         clock.lap("model")
         tokenizer = load_tokenizer_for(model_dir, run)
@@ -254,6 +254,14 @@ def advantage_params(algorithm: Any) -> AdvantageParams:
                            gdpo_reward_keys=tuple(algorithm.gdpo_reward_keys or ()),
                            gdpo_reward_weights=None if algorithm.gdpo_reward_weights is None
                            else tuple(algorithm.gdpo_reward_weights))
+
+
+def _actor_weights_read(run: RunConfig) -> bool:
+    """Whether any role reads the actor model folder's weights: not when the actor (and the reference, if any)
+    start from random weights and the rollout engine from placeholders (load_format=dummy)."""
+    ara, d = run.cfg.actor_rollout_ref, run.derived
+    return (ara.actor.load_weight or (d.use_reference and ara.ref.load_weight)
+            or ara.rollout.load_format != "dummy")
 
 
 def check_model_fits_layout(run: RunConfig, model_dir: str) -> None:

@@ -36,8 +36,11 @@ def find_gguf(path: str, gguf_file: Optional[str]) -> Optional[str]:
     return found[0] if found else None
 
 
-def materialize_hf_dir(path: str, gguf_file: Optional[str] = None, cache_dir: Optional[str] = None) -> str:
-    """A local folder with config.json, safetensors weights and tokenizer files for the model at `path`."""
+def materialize_hf_dir(path: str, gguf_file: Optional[str] = None, cache_dir: Optional[str] = None,
+                       weights: bool = True) -> str:
+    """A local folder with config.json, safetensors weights and tokenizer files for the model at `path`.
+    `weights=False`: the job starts from random weights (every role's load_weight=false and the rollout's
+    load_format=dummy), so config.json and the tokenizer are enough."""
     path = os.path.abspath(os.path.expanduser(path))
     if not os.path.isdir(path):
         raise FileNotFoundError(
@@ -45,8 +48,10 @@ def materialize_hf_dir(path: str, gguf_file: Optional[str] = None, cache_dir: Op
             "point it at a folder with config.json + *.safetensors, or a folder holding a .gguf file)")
     gguf = find_gguf(path, gguf_file)
     if gguf is None:
-        if not glob.glob(os.path.join(path, "*.safetensors")):
-            raise FileNotFoundError(f"{path}: config.json found but no *.safetensors weights")
+        if weights and not glob.glob(os.path.join(path, "*.safetensors")):
+            raise FileNotFoundError(f"{path}: config.json found but no *.safetensors weights (or start from random "
+                                    "weights: actor_rollout_ref.actor.load_weight=false, and ref.load_weight=false "
+                                    "with a reference)")
         return path
     st = os.stat(gguf)
     key = hashlib.sha1(f"{gguf}:{st.st_size}:{int(st.st_mtime)}".encode()).hexdigest()[:16]
