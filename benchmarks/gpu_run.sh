@@ -31,18 +31,21 @@
 #           the table the report prints). SCALE_ARGS: extra trainer overrides. CPU=1 PY=.venv/bin/python: the dry
 #           run of the same row on the tiny model (torch engine, trainer.device=cpu, 4x4 samples of 16 tokens, 3 steps)
 #   scalemodel SHAPE...: only build /tmp/m_SHAPE for each shape (e.g. 7b beside `stage`, to keep `scale 7b` short)
-# Issue 19 on one H200 lease (compare timings within a lease), with R=$OUT of the device call and OUT=/tmp/res
-# for the runner. Every call ends with the report over the shapes done so far; bring it back each time (one
-# file): R=$OUT; OUT=/tmp/res bash benchmarks/gpu_run.sh scale 7b; tar czf $R/scale.tgz -C /tmp/res results scale_7b.log
-#   1. stage; scalemodel 7b 3b  ~4 min  (unpack ~1 min; the 7B model ~2 min: random init on the GPU + 15 GB write)
-#   2. scale 0.5b              ~4 min  (model 0.3 min, trainer start-up ~2.5 min, 4 steps < 1 min)
-#   3. scale 7b                ~8 min  (start-up ~4 min: 15 GB load + vLLM compile/capture; 4 steps of ~30-40 s:
-#                                       91 GB of Adam state goes to pinned host memory and back every step)
-#   4. scale 1.5b              ~5 min
-#   5. scale 3b                ~6 min
-# About 27 minutes plus the machine's start: a whole 30-minute session. 7b goes before 1.5b/3b because it is
-# the run most likely to fail (host RAM: ~107 GB pinned of 128 GiB, GPU: the plan leaves 16 GiB); if time runs
-# short, 3b is the one to drop (a later lease reruns 0.5b beside it as the baseline).
+# Issue 19 on one H200 lease (compare timings within a lease; needs_h200: the 7b row does not fit 80 GB), with
+# R=$OUT of the device call and OUT=/tmp/res for the runner. Every call ends with the report over the shapes done so
+# far; bring it back each time (one file): R=$OUT; OUT=/tmp/res bash benchmarks/gpu_run.sh scale 7b;
+# tar czf $R/scale.tgz -C /tmp/res results scale_7b.log. Times measured on 2026-11-25 (H200), calls back to back
+# (the machine goes cold after about 30 s idle):
+#   1. the 5 bundle carries (p_0..p_4 + zs; SmolLM2's g_* are not needed), unpack in the last  ~1.5 min
+#   2. scale 7b     ~4-5 min (config-only model folder, random init; start-up 141 s; step 1 11.8 s; steps 2+ add the
+#                            first pinning of 85 GiB of Adam state, then ~2 x 1.7 s of host transfers each)
+#   3. scale 0.5b   ~3 min (184 s with its model build)
+#   4. scale 1.5b   ~2.5 min (151 s)
+#   5. scale 3b     ~2.6 min (156 s)
+#   6. with what is left: transformer-engine (DEVELOPERS.md: t_0..t_5 carries, install.sh, --wait), then
+#      `speed7b` for train_mfu_7b, then `SHAPE=1.5b speed` (TE vs local, packed vs padded) in the same lease.
+# 7b goes first because it is the run most likely to fail (host RAM: 85 GiB pinned of 125 GiB; GPU: the plan leaves
+# 9 GiB at the optimizer step).
 set -u
 MODE=${1:?usage: gpu_run.sh stage|checks|bench|gap|grpo|agent|agentgrpo|report|te|speed|speed7b|moe|moetest|scale SHAPE|scalemodel SHAPE...}
 OUT=${OUT:-/tmp/out}
@@ -75,7 +78,7 @@ scale_shape_args() {
     1.5b) echo "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=8192" ;;
     3b)   echo "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=8192" ;;
     7b)   echo "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096 actor_rollout_ref.model.enable_gradient_checkpointing=true \
-actor_rollout_ref.actor.use_kl_loss=false" ;;
+actor_rollout_ref.actor.use_kl_loss=false actor_rollout_ref.actor.load_weight=false" ;;
     *) return 1 ;;
   esac
 }
@@ -95,7 +98,9 @@ trainer.logger=[console,jsonl] trainer.progress_bar=false trainer.default_local_
 scale_model() {  # scale_model SHAPE: /tmp/m_SHAPE (the tiny model on CPU), built when missing; prints its path
   local shape=$1; [ "${CPU:-0}" = 1 ] && shape=tiny
   local m=${SCALE_MODELS:-/tmp}/m_$shape
-  [ -f "$m/config.json" ] || step "model_$shape" 300 $PY benchmarks/multi_gpu_bench.py model --dir "$m" --shape $shape >&2
+  # 7b starts from random weights in megatron and placeholders in vLLM (its row's load_weight=false): no 15 GB file
+  [ -f "$m/config.json" ] || step "model_$shape" 300 $PY benchmarks/multi_gpu_bench.py model --dir "$m" --shape $shape \
+    $([ "$shape" = 7b ] && echo --no-weights) >&2
   echo "$m"
 }
 

@@ -62,6 +62,8 @@ def parse() -> argparse.Namespace:
     m = sub.add_parser("model")
     m.add_argument("--dir", required=True)
     m.add_argument("--shape", default="1.5b", choices=sorted(SHAPES) + sorted(MOE_SHAPES))
+    m.add_argument("--no-weights", action="store_true",
+                   help="config, tokenizer and data only: for jobs with actor_rollout_ref.actor.load_weight=false")
     for name in ("parity", "allgather"):
         s = sub.add_parser(name)
         s.add_argument("--out", required=True)
@@ -84,23 +86,27 @@ def parse() -> argparse.Namespace:
 
 
 # ------------------------------------------------------------------------------------------ model
-def make_model(folder: str, shape: str) -> None:
+def make_model(folder: str, shape: str, weights: bool = True) -> None:
     from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     from hybridrl.trainer.demo import build_tokenizer, write_data
 
     cuda = torch.cuda.is_available() and "tiny" not in shape
     torch.manual_seed(0)
-    with torch.device("cuda" if cuda else "cpu"):
+    with torch.device("meta" if not weights else "cuda" if cuda else "cpu"):
         if shape in MOE_SHAPES:
             model = Qwen3MoeForCausalLM(Qwen3MoeConfig(**MOE_SHAPES[shape], **MOE_COMMON, **COMMON))
         else:
             model = Qwen2ForCausalLM(Qwen2Config(**SHAPES[shape], **COMMON))
-    model = model.to(torch.bfloat16 if cuda else torch.float32)
+    model = model.to(torch.bfloat16 if cuda or not weights else torch.float32)
     tok = build_tokenizer(folder)  # the demo's character tokenizer; a random model's extra ids decode to ""
     model.config.update(dict(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
                              bos_token_id=tok.bos_token_id))
-    model.save_pretrained(folder)
+    if weights:
+        model.save_pretrained(folder)
+    else:  # the job starts from random weights: a 7B folder without its 15 GB file
+        model.config.dtype = model.dtype
+        model.config.save_pretrained(folder)
     write_data(os.path.join(folder, "data"), n_train=4096, n_test=64, seed=0)
     n = sum(p.numel() for p in model.parameters())
     if shape in MOE_SHAPES:
@@ -341,7 +347,7 @@ def report(args: argparse.Namespace) -> None:
 
 def main() -> None:
     args = parse()
-    {"model": lambda: make_model(args.dir, args.shape), "parity": lambda: parity(args),
+    {"model": lambda: make_model(args.dir, args.shape, weights=not args.no_weights), "parity": lambda: parity(args),
      "allgather": lambda: allgather(args), "report": lambda: report(args)}[args.cmd]()
 
 
