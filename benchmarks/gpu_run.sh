@@ -10,7 +10,9 @@
 #           (GRPO_ARGS: extra overrides), then grpo_report.py
 #   te:     tests/gpu/test_megatron_te.py + test_megatron_gpu.py (transformer-engine installed: its spec is the default)
 #   speed:  train_bench on SHAPE (1.5b) with a GSM8K-like length spread: local vs TE, padded vs packed (same lease)
-#   speed7b: train_bench on the 7B shape, TE + packed + recompute (train_mfu_7b); SPEED_ARGS adds options
+#   speed7b: train_bench on the 7B shape, TE + packed + recompute, the optimizer state on the host until its step
+#           (as in the hybrid engine: 137 GB at the step, ~80 GB in the forward/backward); train_mfu_7b is the
+#           forward+backward's MFU; SPEED_ARGS adds options
 #   agent:  tests/gpu/test_agent_vllm.py, then agent_bench.py on SmolLM2-135M (multi-turn with the calculator vs
 #           single-turn, same engine and prompts) -> results/agent_loop.json
 #   agentgrpo: AGENT_TIME_S seconds of GRPO with configs/agent_smollm2_calc.yaml (the agent loop inside the hybrid
@@ -176,11 +178,10 @@ trainer.default_local_dir=$OUT/agent_grpo trainer.max_time_s=${AGENT_TIME_S:-150
     grep -h "_vs_\|train_mfu" "$OUT/results/speed_${S}"_*.json
     ;;
   speed7b)
-    M=/tmp/m_7b
-    [ -f "$M/config.json" ] || step model 300 python3 benchmarks/multi_gpu_bench.py model --dir "$M" --shape 7b
-    step speed_7b 420 python3 benchmarks/train_bench.py --model-dir "$M" --shape 7b --lengths gsm8k \
+    M=$(scale_model 7b)  # config only: random init
+    step speed_7b 420 python3 benchmarks/train_bench.py --model-dir "$M" --shape 7b --lengths gsm8k --random-init \
       --transformer-impl transformer_engine --packed --dynamic-tokens ${TOKENS:-16384} --samples ${SAMPLES:-64} \
-      --recompute --skip-offload --updates 2 ${SPEED_ARGS:-} --out "$OUT/results/speed_7b.json"
+      --recompute --skip-offload --offload-optimizer --updates 2 ${SPEED_ARGS:-} --out "$OUT/results/speed_7b.json"
     grep -h "train_mfu\|peak_memory" "$OUT/results/speed_7b.json"
     ;;
   moe)

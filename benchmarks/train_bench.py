@@ -75,6 +75,12 @@ def parse() -> argparse.Namespace:
                    help="JSON merged into megatron.override_transformer_config (e.g. {\"apply_rope_fusion\": true, "
                         "\"gradient_accumulation_fusion\": true} with TE, the candidates for the MFU gap)")
     p.add_argument("--skip-offload", action="store_true", help="do not measure offload/onload (big shapes)")
+    p.add_argument("--random-init", action="store_true",
+                   help="megatron's random init instead of the folder's weights (actor.load_weight=false): a "
+                        "config-only folder, e.g. `multi_gpu_bench.py model --no-weights`")
+    p.add_argument("--offload-optimizer", action="store_true",
+                   help="the optimizer state waits in host memory before each update and comes back for its step, "
+                        "as in the hybrid engine (how the 7B shape fits one H200)")
     p.add_argument("--override-optimizer-config", default="{}",
                    help="JSON merged into actor.optim.override_optimizer_config (e.g. megatron's optimizer CPU offload)")
     p.add_argument("--cpu-dry-run", action="store_true",
@@ -175,7 +181,7 @@ def build_actor(hf_dir: str, args: argparse.Namespace):
     dynamic = args.dynamic_tokens is not None
     cfg = ActorConfig(ppo_mini_batch_size=args.samples, ppo_micro_batch_size_per_gpu=None if dynamic else args.micro,
                       use_dynamic_bsz=dynamic, ppo_max_token_len_per_gpu=args.dynamic_tokens or 16384,
-                      loss_agg_mode="token-mean",
+                      loss_agg_mode="token-mean", load_weight=not args.random_init,
                       optim=OptimConfig(lr=1e-6, clip_grad=1.0, total_training_steps=100,
                                         override_optimizer_config=json.loads(args.override_optimizer_config)),
                       megatron=MegatronConfig(use_distributed_optimizer=True, sequence_parallel=False, seed=1,
@@ -237,12 +243,25 @@ def main() -> None:
     out, logprob_s = timed(lambda: actor.compute_log_prob(data))
     data.batch["old_log_probs"] = out.batch["log_probs"]
     data.batch["advantages"] = torch.randn(batch["responses"].shape) * batch["response_mask"]
-    actor.update_policy(data)  # warm-up (allocator, first-call kernels)
+    parts: dict[str, list[float]] = {"forward_backward": [], "optimizer_step": [], "optimizer_onload": []}
+
+    def update() -> tuple[dict, float]:
+        if args.offload_optimizer:
+            actor.offload(params=False, grads=False, optimizer=True)
+        metrics, s = timed(lambda: actor.update_policy(data))
+        for part, key in (("forward_backward", "timing_s/actor_forward_backward"),
+                          ("optimizer_step", "timing_s/actor_optimizer_step"),
+                          ("optimizer_onload", "timing_s/optimizer_onload")):
+            parts[part].append(metrics.get(key, 0.0))
+        return metrics, s
+
+    update()  # warm-up (allocator, first-call kernels, Adam's state, the host arena when offloading)
+    parts = {k: [] for k in parts}
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     seconds = []
     for _ in range(args.updates):
-        metrics, s = timed(lambda: actor.update_policy(data))
+        metrics, s = update()
         seconds.append(s)
     peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0
     if args.profile:
@@ -255,6 +274,7 @@ def main() -> None:
     lengths = batch["attention_mask"].sum(1)
     flops, n_matmul = model_flops(actor.arch, lengths)
     update_s = sum(seconds) / len(seconds)
+    mean = {k: sum(v) / len(v) for k, v in parts.items()}
     tokens = int(lengths.sum())
     impl = "transformer_engine" if _uses_te(actor) else "local"
     result = {
@@ -263,6 +283,10 @@ def main() -> None:
         "date": datetime.date.today().isoformat(),
         "metrics": {
             "train_mfu": flops / update_s / PEAK_FLOPS,
+            "train_mfu_forward_backward": flops / mean["forward_backward"] / PEAK_FLOPS,
+            "forward_backward_seconds": mean["forward_backward"],
+            "optimizer_step_seconds": mean["optimizer_step"],
+            "optimizer_onload_seconds": mean["optimizer_onload"],
             "update_tokens_per_s": tokens / update_s,
             "update_seconds": update_s,
             "logprob_tokens_per_s": tokens / logprob_s,
@@ -275,14 +299,17 @@ def main() -> None:
         "setup": {"samples": args.samples, "prompt": args.prompt, "response": args.response, "micro": args.micro,
                   "shape": args.shape, "lengths": args.lengths, "packed": args.packed, "transformer_impl": impl,
                   "dynamic_tokens": args.dynamic_tokens, "recompute": args.recompute, "fp8": args.fp8,
+                  "offload_optimizer": args.offload_optimizer,
                   "fp8_recipe": args.fp8_recipe, "override_transformer_config": json.loads(args.override_transformer_config),
                   "model": f"Qwen2.5-{args.shape} shape, random bf16" if not args.model_dir else args.model_dir,
                   "layout": f"tp=1 pp=1 dp=1, distributed optimizer, {impl} layer spec",
                   "attention_backend": args.attention_backend,
-                  "mfu_formula": "(6*N*tokens + 6*L*d_attn*sum(s_i^2)) / (update_seconds * 989e12)"},
+                  "mfu_formula": "(6*N*tokens + 6*L*d_attn*sum(s_i^2)) / (update_seconds * 989e12); "
+                                 "train_mfu_forward_backward (and train_mfu_7b, issue 19's measure) over the forward and "
+                                 "backward passes only: no optimizer step, no optimizer-state onload"},
     }
     if args.shape == "7b":
-        result["metrics"]["train_mfu_7b"] = result["metrics"]["train_mfu"]
+        result["metrics"]["train_mfu_7b"] = result["metrics"]["train_mfu_forward_backward"]
     if off is not None:
         result["metrics"].update(offload_seconds=off.seconds, offload_bytes=off.total_bytes,
                                  offload_params_bytes=off.params_bytes, offload_grads_bytes=off.grads_bytes,
@@ -323,7 +350,8 @@ RATIOS = {"te_vs_local_tokens_per_s": ("transformer_impl", "transformer_engine",
 
 
 def named_ratios(mine: dict, peer: dict, ratio: float) -> dict[str, float]:
-    compared = ("transformer_impl", "packed", "shape", "lengths", "samples", "dynamic_tokens", "recompute", "fp8")
+    compared = ("transformer_impl", "packed", "shape", "lengths", "samples", "dynamic_tokens", "recompute", "fp8",
+                "offload_optimizer")
     differ = {k for k in compared if mine.get(k) != peer.get(k)}
     return {name: ratio for name, (key, this, other) in RATIOS.items()
             if differ == {key} and mine.get(key) == this and peer.get(key) == other}
@@ -343,6 +371,9 @@ def write_summary(path: str, result: dict) -> None:
         f"- update: {m['update_tokens_per_s']:,.0f} tokens/s ({m['update_seconds']:.2f} s for {m['tokens_per_update']:,} "
         f"valid tokens); log-prob forward: {m['logprob_tokens_per_s']:,.0f} tokens/s",
         f"- train_mfu: {m['train_mfu']:.3f} = {s['mfu_formula']} (N = {m['matmul_params']:,} matmul weights)",
+        f"- of the update: forward+backward {m['forward_backward_seconds']:.2f} s (MFU "
+        f"{m['train_mfu_forward_backward']:.3f}), optimizer step {m['optimizer_step_seconds']:.2f} s, optimizer-state "
+        f"onload {m['optimizer_onload_seconds']:.2f} s",
         f"- peak memory during updates: {m['peak_memory_gib']:.2f} GiB",
     ]
     if "offload_bytes" in m:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
+import time
 from typing import Any, Callable, Iterable, Optional
 
 import torch
@@ -21,7 +22,7 @@ import torch.distributed as dist
 from hybridrl.config.schema.common import OptimConfig
 from hybridrl.config.validate import ParallelLayout
 
-from . import moe
+from . import compat, moe
 from .builder import unwrap, wrap_ddp
 from .forward import MicroBatch
 
@@ -41,6 +42,8 @@ class Engine:
         self.optim = optim
         self.optimizer_steps = 0  # applied updates (restored from checkpoints: see checkpoint.py)
         self.router_losses: dict[str, float] = {}  # MoE: the last train_step's router losses (moe.py)
+        # the last train_step's seconds: forward_backward, before_step (the optimizer onload), optimizer_step
+        self.step_seconds: dict[str, float] = {}
         if optim is None:
             for c in chunks:
                 c.requires_grad_(False)
@@ -102,6 +105,8 @@ class Engine:
 
         MoE models: the router losses of the step are in `self.router_losses` (moe.router_loss_values)."""
         assert self.optimizer is not None, "train_step on a role built without an optimizer (reference)"
+        compat.synchronize()  # the three parts are timed apart: MFU of the forward/backward alone (train_bench)
+        start = time.perf_counter()
         for c in self.chunks:
             c.zero_grad_buffer()
         self.optimizer.zero_grad()
@@ -113,9 +118,15 @@ class Engine:
             self.router_losses = moe.router_loss_values(self.config, len(micro_batches))
         else:
             metrics = self.run(micro_batches, loss_fn, forward_only=False, prepare=prepare)
+        compat.synchronize()
+        backward_done = time.perf_counter()
         if before_step is not None:
             before_step()
+        step_start = time.perf_counter()
         grad_norm, applied = optimizer_step(self.optimizer, self.optim.clip_grad)
+        compat.synchronize()
+        self.step_seconds = {"forward_backward": backward_done - start, "before_step": step_start - backward_done,
+                             "optimizer_step": time.perf_counter() - step_start}
         self.optimizer_steps += int(applied)
         return metrics, grad_norm, applied
 

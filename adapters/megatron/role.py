@@ -109,6 +109,7 @@ class MegatronRole:
         self.updates += 1
         self._optimizer_onload_s = 0.0
         self.engine.scheduler.step(1)  # this update runs at lr(step); warm-up starts above lr_warmup_init
+        seconds = {"forward_backward": 0.0, "optimizer_step": 0.0}
         history: list[list[float]] = []
         for epoch in range(plan.ppo_epochs):
             for rows in mini_batch_rows(len(data), plan.mini_batch_per_dp, self._shuffle_seed(epoch)):
@@ -118,12 +119,15 @@ class MegatronRole:
                 with self._routing(mini) as prepare:
                     per_micro, grad_norm, applied = self.engine.train_step(mbs, make_loss_fn(mini), prepare,
                                                                            self._optimizer_on_device)
+                for part in seconds:
+                    seconds[part] += self.engine.step_seconds[part]
                 router = list(self.engine.router_losses.values())  # MoE models: load-balancing and z-loss
                 history.append(self._rank_metrics(per_micro, metric_names) + [grad_norm, float(applied)] + router)
         names = metric_names + [f"{self.role}/grad_norm", f"{self.role}/update_applied"]
         names += [f"{self.role}/{k}" for k in self.engine.router_losses]
         out = {k: sum(h[i] for h in history) / len(history) for i, k in enumerate(names)}
         out[f"{self.role}/lr"] = self.engine.lr()
+        out.update({f"timing_s/{self.role}_{part}": s for part, s in seconds.items()})
         if self._optimizer_onload_s:
             out["timing_s/optimizer_onload"] = self._optimizer_onload_s
         return out
