@@ -201,16 +201,17 @@ def _engine_fixes(p: dict[str, int]) -> list[_Fix]:
 
 
 def _fixes_for_step(phase: Phase, run: RunConfig, shape: ModelShape) -> list[_Fix]:
-    """The actor's optimizer step: its whole state and no activations (recompute or smaller micro-batches do not
-    help here); bf16 grads add their fp32 copies."""
+    """An optimizer step (actor_step, critic_step): the role's whole state and no activations (recompute or
+    smaller micro-batches do not help here); bf16 grads add their fp32 copies."""
     p = phase.parts
-    fixes = _engine_fixes(p) + _offload_fixes(p, ("critic",), "the idle")
+    role, idle = ("critic", "actor") if phase.name == "critic_step" else ("actor", "critic")
+    fixes = _engine_fixes(p) + _offload_fixes(p, (idle,), "the idle")
     if p["optimizer_step"]:
-        key = f"+{ARA}.actor.megatron.override_ddp_config.grad_reduce_in_fp32"
-        fixes.append(_Fix(key, f"{key}=true (fp32 grads: +{_gib(p['actor_grads'])} of grads, but the step's "
+        key = f"+{MEGATRON_KEY[role]}.override_ddp_config.grad_reduce_in_fp32"
+        fixes.append(_Fix(key, f"{key}=true (fp32 grads: +{_gib(p[f'{role}_grads'])} of grads, but the step's "
                                f"fp32 copy of the bf16 grads, {_gib(p['optimizer_step'])}, goes)",
-                          p["optimizer_step"] - p["actor_grads"]))
-    return fixes + _layout_fixes(p, run, shape, "actor")
+                          p["optimizer_step"] - p[f"{role}_grads"]))
+    return fixes + _layout_fixes(p, run, shape, role)
 
 
 def _fixes_for_ref_pass(phase: Phase, run: RunConfig, shape: ModelShape) -> list[_Fix]:
@@ -254,10 +255,10 @@ def fit_problems(plan: MemoryPlan, run: RunConfig, shape: ModelShape) -> list[Pr
     if run.derived.device != "cuda":
         return []
     gpu, out = plan.gpu_memory_bytes, []
-    for name in ("train_actor", "actor_step", "train_critic"):
+    for name in ("train_actor", "actor_step", "train_critic", "critic_step"):
         phase = plan.phases.get(name)
         if phase is not None and phase.total > gpu:
-            fixes = _fixes_for_step if name == "actor_step" else _fixes_for_training
+            fixes = _fixes_for_step if name.endswith("_step") else _fixes_for_training
             out.append(_explain(phase, gpu, fixes(phase, run, shape)))
     ref_pass = plan.phases.get("ref_log_prob")
     if ref_pass is not None and ref_pass.total > gpu:

@@ -137,7 +137,7 @@ def estimate(run: RunConfig, shape: ModelShape, gpu_memory_bytes: int,
             actor_steps_per_update=d.actor_batch.optimizer_steps_per_step,
         )
         for name in PHASES:
-            if name == "train_critic" and not d.use_critic:
+            if name in ("train_critic", "critic_step") and not d.use_critic:
                 continue
             if name == "ref_log_prob" and not (s.ref is not None and s.ref.offload_params):
                 continue

@@ -52,7 +52,9 @@ Phases (each component is 0 when absent; totals are for the busiest pipeline sta
                   with the hybrid engine and one optimizer step per update the optimizer state is still on the
                   host (weight_sync.py, step 9: it comes back for the step), else it is counted here too
     actor_step    the actor's optimizer step: its whole state + optimizer_step, no activations (freed by then)
-    train_critic  the critic's update (PPO with GAE): the same with the critic's state and activations
+    train_critic  the critic's update (PPO with GAE): its whole state (the critic's idle offload brings all of it
+                  back for its calls) + activations
+    critic_step   the critic's optimizer step: its whole state + optimizer_step, no activations
     ref_log_prob  the reference's log-prob pass, planned when ref.megatron.param_offload is set (otherwise the
                   reference's params are counted in the phases above, and a forward pass holds no more than an
                   update): the reference's params come back beside the actor's params and grads (and its
@@ -87,7 +89,7 @@ COMPONENTS = (
     "critic_params", "critic_grads", "critic_optimizer", "activations",
     "rollout_weights", "rollout_activations", "rollout_kv_cache", "optimizer_step", "overhead",
 )
-PHASES = ("train_actor", "actor_step", "train_critic", "ref_log_prob", "rollout")
+PHASES = ("train_actor", "actor_step", "train_critic", "critic_step", "ref_log_prob", "rollout")
 
 
 # ------------------------------------------------------------------------------------------- model state
@@ -339,7 +341,8 @@ def phase_parts(name: str, s: StageMemory, r: RolloutMemory, overhead: int, spli
     deferred = not split and (name == "ref_log_prob" or (name == "train_actor" and s.actor_steps_per_update == 1))
     if deferred:
         actor = ModelState(actor.params, actor.grads, 0)
-    critic = None if s.critic is None else (s.critic.state if name == "train_critic" else s.critic.idle())
+    critic = None if s.critic is None else (s.critic.state if name in ("train_critic", "critic_step")
+                                            else s.critic.idle())
     ref = s.ref.idle() if s.ref is not None else None  # the reference never trains: params only
     parts.update(_role_parts("actor", actor))
     if critic is not None:
@@ -351,6 +354,8 @@ def phase_parts(name: str, s: StageMemory, r: RolloutMemory, overhead: int, spli
                             "ref_log_prob": s.forward_activations}.get(name, 0)
     if name == "actor_step":
         parts["optimizer_step"] = s.actor.state.step
+    if name == "critic_step" and s.critic is not None:
+        parts["optimizer_step"] = s.critic.state.step
     if not split and (name == "rollout" or not r.asleep_when_training):
         parts.update(rollout_weights=r.weights, rollout_activations=r.activations, rollout_kv_cache=max(r.kv_cache, 0))
     parts["overhead"] = overhead

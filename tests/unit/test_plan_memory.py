@@ -262,3 +262,21 @@ def test_optimizer_state_comes_back_for_the_step_only_by_hand():
     fp32 = validate(load_config(one[:3], config_name="grpo_trainer"), cuda_available=GPU)
     fp32_step = estimate(fp32, shape, 80 * GiB).phases["actor_step"].parts
     assert fp32_step["optimizer_step"] == 0 and fp32_step["actor_grads"] == 4 * p  # the fp32 grads are Adam's own
+
+
+def test_critic_step_holds_the_critics_state_and_its_grad_copies():
+    """PPO with GAE: the critic's optimizer step is a phase of its own, like the actor's: whole state, no activations,
+    the fp32 copies of bf16 grads; the actor is idle then (its grads and optimizer state as its flags say)."""
+    shape = resolve("Qwen2.5-7B")
+    args = ["preset=7b_8gpu", "algorithm.adv_estimator=gae", "+critic.megatron.override_ddp_config.grad_reduce_in_fp32=false"]
+    run = validate(load_config(args, config_name="ppo_trainer"), cuda_available=GPU)
+    plan = estimate(run, shape, 80 * GiB)
+    step, train = plan.phases["critic_step"].parts, plan.phases["train_critic"].parts
+    assert step["activations"] == 0 and train["activations"] > 0
+    assert (step["critic_params"], step["critic_grads"], step["critic_optimizer"]) == \
+        (train["critic_params"], train["critic_grads"], train["critic_optimizer"])
+    assert step["optimizer_step"] == step["critic_optimizer"] // 3  # 4 of the 12 bytes a parameter, same shards
+    fp32 = validate(load_config(args[:2], config_name="ppo_trainer"), cuda_available=GPU)
+    assert estimate(fp32, shape, 80 * GiB).phases["critic_step"].parts["optimizer_step"] == 0
+    grpo = _run("preset=7b_8gpu", config_name="grpo_trainer")
+    assert estimate(grpo, shape, 80 * GiB).phases["critic_step"] is None  # no critic
