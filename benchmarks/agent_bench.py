@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import random
-import socket
 import sys
 import time
 
@@ -102,9 +101,9 @@ def main(argv=None) -> dict:
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    with socket.socket() as s:  # vLLM's external launcher reads a torch.distributed world: rank 0 of 1
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from hybridrl.utils.net import free_port
+
+    port = free_port("127.0.0.1")  # vLLM's external launcher reads a torch.distributed world: rank 0 of 1
     for k, v in dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                      MASTER_PORT=str(port)).items():
         os.environ.setdefault(k, v)

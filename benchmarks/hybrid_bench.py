@@ -28,7 +28,6 @@ import argparse
 import datetime
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -133,11 +132,10 @@ def start_worker(overrides: list[str], model_dir: str, cpu: bool = False, max_ro
     """The real role worker (actor + colocated rollout engine) as rank 0 of 1, in this process:
     (worker, the overrides it was built with, init_model's report). cpu: the torch engine on gloo."""
     from hybridrl.config import load_config, validate
+    from hybridrl.utils.net import free_port
     from hybridrl.workers import ActorRolloutRefWorker
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port("127.0.0.1")
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     if cpu:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -30,6 +29,8 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayError
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from hybridrl.utils.net import free_port
 
 from .dispatch import DispatchInfo, DispatchPlan
 from .errors import RemoteFailure, WorkerDiedError, WorkerError, WorkerTimeoutError
@@ -150,10 +151,7 @@ class _RayHost(WorkerHost):
 
     def node_address(self) -> tuple[str, int]:
         """This node's IP and a port free on it right now (rank 0's answer becomes MASTER_ADDR/PORT)."""
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
-        return ray.util.get_node_ip_address(), port
+        return ray.util.get_node_ip_address(), free_port()
 
     def execute_flat(self, role: str, method: str, keep_output: bool, kw_names: tuple, *values: Any) -> Any:
         # Arguments arrive flat so Ray resolves ObjectRefs (shared, ray.put-once arguments) for us.

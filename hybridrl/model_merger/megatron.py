@@ -14,12 +14,13 @@ import dataclasses
 import json
 import math
 import os
-import socket
 import sys
 import time
 from typing import Any, Optional
 
 import torch
+
+from hybridrl.utils.net import free_port
 
 PREFIX = "[convert]"
 
@@ -63,7 +64,7 @@ def hf_to_mcore(hf_dir: str, out: str, tp: int, pp: int, timeout_s: float = 3600
     start = time.time()
     import torch.multiprocessing as mp
 
-    ctx = mp.start_processes(_hf_to_mcore_rank, args=(world, _free_port(), hf_dir, out, tp, pp, ep, etp), nprocs=world,
+    ctx = mp.start_processes(_hf_to_mcore_rank, args=(world, free_port("127.0.0.1"), hf_dir, out, tp, pp, ep, etp), nprocs=world,
                              join=False, start_method="spawn")
     deadline = time.time() + timeout_s
     while not ctx.join(timeout=5):
@@ -173,12 +174,6 @@ def _check_checkpoint_files(ckpt_dir: str, meta: dict, config_dir: str) -> None:
         if field in cfg and cfg[field] != meta["arch"][key]:
             raise ValueError(f"{config_dir}/config.json has {field}={cfg[field]} but the checkpoint was saved with "
                              f"{meta['arch'][key]}; pass the HF config of the trained model")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 if __name__ == "__main__":  # pragma: no cover - use the CLIs

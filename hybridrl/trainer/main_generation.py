@@ -22,6 +22,7 @@ from hybridrl.config.loader import load_config, to_yaml
 from hybridrl.config.schema import DataConfig, GenerationConfig
 from hybridrl.rollout.base import SamplingParams
 from hybridrl.utils import logs
+from hybridrl.utils.net import free_port
 
 
 def resolve_model_dir(model: Any) -> str:
@@ -70,7 +71,7 @@ def build_engine(cfg: GenerationConfig, model_dir: str, tokenizer: Any, device: 
     if engine_name == "vllm":
         for k, v in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}.items():
             os.environ.setdefault(k, v)
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ.setdefault("MASTER_PORT", str(free_port("127.0.0.1")))
     engine = build(engine_name, model_dir, cfg.rollout, tp_g=cfg.rollout.tensor_model_parallel_size,
                    tokenizer=tokenizer, hf_config=hf_config, device=torch.device(device),
                    max_model_len=cfg.rollout.prompt_length + cfg.rollout.response_length,
@@ -116,14 +117,6 @@ def generate(cfg: GenerationConfig, device: Optional[str] = None) -> str:
     for row, resp in zip(rows, responses):
         row["responses"] = resp
     return write_parquet(rows, cfg.data.output_path)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main(argv: Optional[list[str]] = None) -> int:

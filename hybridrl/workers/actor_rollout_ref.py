@@ -11,7 +11,6 @@ of its own (rollout.py) and this worker's rank 0 broadcasts the weights to them 
 from __future__ import annotations
 
 import dataclasses
-import socket
 import time
 from typing import Any, Optional
 
@@ -20,6 +19,7 @@ from hybridrl.controller import Dispatch, Worker, register, register_mesh_dispat
 from hybridrl.protocol import DataProto
 from hybridrl.utils.device import device_memory_used, train_peak_memory
 from hybridrl.utils.imports import load_object
+from hybridrl.utils.net import free_port
 from hybridrl.utils.timing import timed
 
 from .common import build_agent, build_rollout_engine, load_tokenizer_for, onloaded, sampling_for, setup_process
@@ -177,9 +177,7 @@ class ActorRolloutRefWorker(Worker):
     @register(Dispatch.RANK_ZERO)
     def weight_broadcast_address(self) -> tuple[str, int]:
         """Where the weight broadcast group meets: this node (rank 0 picked it as MASTER_ADDR) and a free port."""
-        with socket.socket() as s:
-            s.bind(("", 0))
-            return self.master_addr, s.getsockname()[1]
+        return self.master_addr, free_port()
 
     @register(Dispatch.ONE_TO_ALL, blocking=False)
     def join_weight_broadcast(self, addr: str, port: int, world_size: int) -> None:

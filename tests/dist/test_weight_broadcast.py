@@ -4,7 +4,6 @@ transfer is named."""
 from __future__ import annotations
 
 import multiprocessing as mp
-import socket
 
 import pytest
 import torch
@@ -12,6 +11,7 @@ import torch
 from hybridrl.hybrid.broadcast import BroadcastGroup, _compare
 from hybridrl.hybrid.checks import WeightSyncError
 from tests.fixtures.mp_tensors import from_plain, to_plain
+from hybridrl.utils.net import free_port
 
 pytestmark = pytest.mark.dist
 
@@ -40,16 +40,10 @@ def _run(rank: int, world: int, port: int, queue) -> None:
         queue.put((rank, f"{type(e).__name__}: {e}"))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.timeout(120)
 def test_broadcast_delivers_every_tensor_bitwise():
     ctx = mp.get_context("spawn")
-    queue, world, port = ctx.Queue(), 3, _free_port()
+    queue, world, port = ctx.Queue(), 3, free_port("127.0.0.1")
     procs = [ctx.Process(target=_run, args=(r, world, port, queue), daemon=True) for r in range(world)]
     for p in procs:
         p.start()

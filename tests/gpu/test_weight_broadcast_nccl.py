@@ -3,11 +3,11 @@ bf16/fp32 buckets to a receiver on GPU 1; what arrives is bitwise what was sent.
 from __future__ import annotations
 
 import multiprocessing as mp
-import socket
 
 import pytest
 import torch
 
+from hybridrl.utils.net import free_port
 from tests.fixtures.mp_tensors import from_plain, to_plain
 
 pytestmark = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (NCCL: one rank per GPU)")
@@ -37,9 +37,7 @@ def _run(rank: int, port: int, queue) -> None:
 
 @pytest.mark.timeout(300)
 def test_nccl_broadcast_is_bitwise():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port("127.0.0.1")
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     procs = [ctx.Process(target=_run, args=(r, port, queue), daemon=True) for r in range(2)]
