@@ -12,6 +12,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_MODE", "offline")
+# With PYTHONDONTWRITEBYTECODE set (as on this project's machines) and a venv that uv installed without
+# bytecode, every process the tests start (torchrun ranks, Ray workers, Ray's own services) compiled
+# transformers, megatron-core and ray from source again: about a quarter of the CPU of a trainer launch. The
+# first import of a module writes its .pyc (git ignores them); later processes load it.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 
 
 @pytest.fixture(autouse=True)

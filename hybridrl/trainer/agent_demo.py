@@ -91,13 +91,20 @@ def supervised_warmup(model, tok, train_file: str, steps: int, seed: int,
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: (s + 1) / warm if s < warm else
                                               0.1 + 0.45 * (1 + math.cos(math.pi * (s - warm) / max(1, steps - warm))))
     loss = tool_loss = torch.tensor(float("nan"))
+    # rows come back (a tool conversation, or a guess equal to the answer, is the same every time): rendering and
+    # tokenizing each prefix again was half of the warm-up's time
+    tokens: dict[tuple, tuple[list[int], list[int]]] = {}
     for step in range(steps):
         tool_fraction = next((f for end, f in phases if step < end * steps), phases[-1][1])
         batch = rng.sample(rows, min(64, len(rows)))
         use_tool = torch.tensor([rng.random() < tool_fraction for _ in batch])
         convs = [conversation(r["extra_info"]["expression"], r["reward_model"]["ground_truth"], bool(t), rng)
                  for r, t in zip(batch, use_tool)]
-        ids, mask, target = _batch([_tokens(c, tok) for c in convs], tok.pad_token_id)
+        keys = [tuple((m["role"], m["content"]) for m in c) for c in convs]
+        for key, c in zip(keys, convs):
+            if key not in tokens:
+                tokens[key] = _tokens(c, tok)
+        ids, mask, target = _batch([tokens[k] for k in keys], tok.pad_token_id)
         logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
         per_token = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
         target = target[:, 1:]

@@ -255,9 +255,21 @@ def test_reference_run_trains_four_steps_and_commits_two_checkpoints(reference):
 
 
 @pytest.mark.timeout(600)
-def test_kill9_of_the_trainer_mid_step_then_auto_resume_matches_reference(prepared, reference, tmp_path):
+def test_trainer_kill9_worker_kill9_sigterm_mid_save_then_resume_matches_reference(prepared, reference, tmp_path):
+    """Three faults on one checkpoint folder, each run restarting from what the one before left (two restarts
+    fewer than a folder per fault):
+    1. kill -9 of the trainer's whole session right after step 3's actor update went to the workers: nothing of
+       it may stay alive, and only steps 1 and 2 are logged and committed;
+    2. the auto-resumed restart (from step 2) loses Ray worker rank 1 just before its first actor update
+       (step 3): the trainer must exit non-zero within 60 s naming the dead rank and role, and leave no process
+       behind;
+    3. the next restart gets SIGTERM while it writes step 4's checkpoint (actor part saved, trainer state not
+       yet): it must exit non-zero quickly, the marker must still say 2 and step 4 must not look complete;
+    4. a last restart, carrying a secret, resumes from step 2 again and reproduces the reference's steps 3
+       and 4; the secret is nowhere in the run's files or output."""
     out = tmp_path / "ckpt"
-    flag, go = str(tmp_path / "paused"), str(tmp_path / "go")
+    flag, go, pids_file = str(tmp_path / "paused"), str(tmp_path / "go"), str(tmp_path / "pids.json")
+    resumed_line = f"hybridrl: resumed from {out}/global_step_2 (step 2)"
     # pause right after step 3's actor update went to the workers: marker 2, step 3 half done
     with Trainer("killed", tmp_path, trainer_args(prepared, out),
                  helper=["--flag", flag, "--go", go, "--pause", "update_actor:3:after"]) as t:
@@ -270,11 +282,46 @@ def test_kill9_of_the_trainer_mid_step_then_auto_resume_matches_reference(prepar
     assert sorted(metrics_by_step(out)) == [1, 2]
     assert not os.path.exists(out / "global_step_4")
 
-    # the restart carries a secret (a reward-function token and a W&B key in the environment)
+    os.remove(flag)
+    # the restart's first actor update is step 3's
+    helper = ["--flag", flag, "--go", go, "--pids", pids_file, "--pause", "update_actor:1:before"]
+    with Trainer("worker_killed", tmp_path, trainer_args(prepared, out), helper=helper) as t:
+        # rank 1 dies; rank 0 will meet it in the update's all-reduce
+        victim, rc, took = t.signal_at_pause(flag, go, pids_file, "actor_rollout_ref", 1, signal.SIGKILL, 120)
+        assert rc != 0, t.tail()
+        assert took < 60, f"the trainer took {took:.1f} s to fail\n{t.tail()}"
+        assert resumed_line in t.output
+        assert re.search(rf"WorkerDiedError: worker 'actor_rollout_ref' rank 1 \(pid {victim}\) died during "
+                         r"update_actor\(\)", t.output), t.tail()
+        t.assert_session_gone(within_s=30)
+    assert marker(out) == "2" and not (out / "global_step_4").exists()
+    assert sorted(metrics_by_step(out)) == [1, 2]
+
+    saving = str(tmp_path / "saving")
+    with Trainer("terminated", tmp_path, trainer_args(prepared, out), helper=["--flag", saving, "--slow-save", "4"]) as t:
+        t.wait_for_file(saving)  # step 4's actor part is on disk; trainer_state.json is being written
+        assert marker(out) == "2"
+        start = time.monotonic()
+        os.killpg(t.proc.pid, signal.SIGTERM)
+        rc = t.wait(60)
+        took = time.monotonic() - start
+        assert rc != 0, t.tail()
+        assert took < 30, f"SIGTERM took {took:.1f} s to end the trainer\n{t.tail()}"
+        assert resumed_line in t.output
+        t.assert_session_gone(within_s=30)
+    step4 = out / "global_step_4"
+    assert marker(out) == "2"
+    assert (step4 / "actor" / "meta.json").is_file() and not (step4 / ".complete").exists()
+    assert not (step4 / "trainer_state.json").exists()
+    # the restart after the two kills trained step 3 again, as the reference did
+    assert sorted(metrics_by_step(out)) == [1, 2, 3]
+    assert_rows_match(reference, metrics_by_step(out), steps=(3,))
+
+    # the last restart carries a secret (a reward-function token and a W&B key in the environment)
     args = trainer_args(prepared, out, f"custom_reward_function.path={TOKEN_REWARD}",
                         f"+custom_reward_function.reward_kwargs.api_token={SECRET}")
     resumed = run_to_end("resumed", tmp_path, args, env={"WANDB_API_KEY": ENV_SECRET})
-    assert f"hybridrl: resumed from {out}/global_step_2 (step 2)" in resumed.output
+    assert resumed_line in resumed.output
     assert_matches_reference(reference, out)
     assert_no_secret_in(tmp_path, resumed, (SECRET, ENV_SECRET))
 
@@ -295,53 +342,6 @@ def assert_no_secret_in(folder, trainer: Trainer, secrets: tuple[str, ...]) -> N
     assert scanned > 10
     for s in secrets:
         assert s not in trainer.output
-
-
-@pytest.mark.timeout(600)
-def test_worker_kill9_then_sigterm_mid_save_then_resume_matches_reference(prepared, reference, tmp_path):
-    """Two faults on one checkpoint folder (one restart fewer than two separate tests):
-    1. kill -9 of Ray worker rank 1 just before step 3's actor update: the trainer must exit non-zero
-       within 60 s naming the dead rank and role, and leave no process behind;
-    2. the auto-resumed restart gets SIGTERM while it writes step 4's checkpoint (actor part saved,
-       trainer state not yet): it must exit non-zero quickly, the marker must still say 2 and step 4
-       must not look complete;
-    3. a second restart resumes from step 2 again and reproduces the reference's steps 3 and 4."""
-    out = tmp_path / "ckpt"
-    flag, go, pids_file = str(tmp_path / "paused"), str(tmp_path / "go"), str(tmp_path / "pids.json")
-    helper = ["--flag", flag, "--go", go, "--pids", pids_file, "--pause", "update_actor:3:before"]
-    with Trainer("worker_killed", tmp_path, trainer_args(prepared, out), helper=helper) as t:
-        # rank 1 dies; rank 0 will meet it in the update's all-reduce
-        victim, rc, took = t.signal_at_pause(flag, go, pids_file, "actor_rollout_ref", 1, signal.SIGKILL, 120)
-        assert rc != 0, t.tail()
-        assert took < 60, f"the trainer took {took:.1f} s to fail\n{t.tail()}"
-        assert re.search(rf"WorkerDiedError: worker 'actor_rollout_ref' rank 1 \(pid {victim}\) died during "
-                         r"update_actor\(\)", t.output), t.tail()
-        t.assert_session_gone(within_s=30)
-    assert marker(out) == "2" and not (out / "global_step_4").exists()
-
-    saving = str(tmp_path / "saving")
-    with Trainer("terminated", tmp_path, trainer_args(prepared, out), helper=["--flag", saving, "--slow-save", "4"]) as t:
-        t.wait_for_file(saving)  # step 4's actor part is on disk; trainer_state.json is being written
-        assert marker(out) == "2"
-        start = time.monotonic()
-        os.killpg(t.proc.pid, signal.SIGTERM)
-        rc = t.wait(60)
-        took = time.monotonic() - start
-        assert rc != 0, t.tail()
-        assert took < 30, f"SIGTERM took {took:.1f} s to end the trainer\n{t.tail()}"
-        assert f"hybridrl: resumed from {out}/global_step_2 (step 2)" in t.output
-        t.assert_session_gone(within_s=30)
-    step4 = out / "global_step_4"
-    assert marker(out) == "2"
-    assert (step4 / "actor" / "meta.json").is_file() and not (step4 / ".complete").exists()
-    assert not (step4 / "trainer_state.json").exists()
-    # the restart after the worker kill trained step 3 again, as the reference did
-    assert sorted(metrics_by_step(out)) == [1, 2, 3]
-    assert_rows_match(reference, metrics_by_step(out), steps=(3,))
-
-    resumed = run_to_end("resumed", tmp_path, trainer_args(prepared, out))
-    assert f"hybridrl: resumed from {out}/global_step_2 (step 2)" in resumed.output
-    assert_matches_reference(reference, out)
 
 
 @pytest.mark.timeout(300)
