@@ -331,3 +331,12 @@ def test_split_placement_errors_name_the_fix(extra, gpus, message):
     cfg = load_config(GRPO_SPLIT + ["trainer.one_step_off_policy=true"] + extra, config_name="grpo_trainer")
     with pytest.raises(ConfigError, match=message):
         validate(cfg, cuda_available=lambda: True, gpu_count=lambda: gpus)
+
+
+def test_megatron_cpu_optimizer_offload_beside_the_hybrid_engine_is_noted():
+    base = ["trainer.device=cpu", "actor_rollout_ref.rollout.name=torch", "actor_rollout_ref.actor.use_dynamic_bsz=true"]
+    key = "+actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_cpu_offload=true"
+    noted = validate(load_config(base + [key], config_name="grpo_trainer"), cuda_available=False)
+    assert any("optimizer_cpu_offload=true" in n and "host" in n for n in noted.derived.notes)
+    plain = validate(load_config(base, config_name="grpo_trainer"), cuda_available=False)
+    assert not any("optimizer_cpu_offload" in n for n in plain.derived.notes)

@@ -32,3 +32,4 @@ def test_which_jobs_read_the_actor_weights(overrides, reads):
                                 "actor_rollout_ref.actor.use_kl_loss=true", *overrides], config_name="grpo_trainer"),
                    cuda_available=False)
     assert _actor_weights_read(run) is reads
+
