@@ -44,8 +44,10 @@
 #   3. scale 0.5b   ~3 min (184 s with its model build)
 #   4. scale 1.5b   ~2.5 min (151 s)
 #   5. scale 3b     ~2.6 min (156 s)
-#   6. with what is left: transformer-engine (DEVELOPERS.md: t_0..t_5 carries, install.sh, --wait), then
-#      `speed7b` for train_mfu_7b, then `SHAPE=1.5b speed` (TE vs local, packed vs padded) in the same lease.
+#   6. with what is left: transformer-engine (DEVELOPERS.md: t_0..t_5 carries, install.sh, --wait; keep the built
+#      wheel it returns in .gpu/te_built), then `speed7b` for train_mfu_7b, then `SHAPE=1.5b speed` (TE vs local,
+#      packed vs padded) in the same lease; for the MFU gap: SPEED_ARGS="--profile 25", and the packed run again with
+#      SPEED_ARGS='--override-transformer-config {"apply_rope_fusion": true}' (TE's fused THD RoPE, unchecked so far).
 # 7b goes first because it is the run most likely to fail (host RAM: 85 GiB pinned of 125 GiB; GPU: the plan leaves
 # 9 GiB at the optimizer step).
 set -u
