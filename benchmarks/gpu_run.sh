@@ -47,7 +47,7 @@
 #   6. with what is left: transformer-engine (DEVELOPERS.md: t_0..t_5 carries, install.sh, --wait; keep the built
 #      wheel it returns in .gpu/te_built), then `speed7b` for train_mfu_7b, then `SHAPE=1.5b speed` (TE vs local,
 #      packed vs padded) in the same lease; for the MFU gap: SPEED_ARGS="--profile 25", and the packed run again with
-#      SPEED_ARGS='--override-transformer-config {"apply_rope_fusion": true}' (TE's fused THD RoPE, unchecked so far).
+#      SPEED_ARGS='--override-transformer-config {"apply_rope_fusion":true}' (no space: word-split) (TE's fused THD RoPE, unchecked so far).
 # 7b goes first because it is the run most likely to fail (host RAM: 85 GiB pinned of 125 GiB; GPU: the plan leaves
 # 9 GiB at the optimizer step).
 set -u
