@@ -475,11 +475,12 @@ def report(args: argparse.Namespace, command: str, h: dict, peers: dict) -> None
         "peers": {name: p.info for name, p in peers.items()}})
     plan = plan_json(h["overrides"] + [f"--gpu-mem-gb={h['gpu_total_bytes'] / 2**30:.1f}", "--overhead-gb=0"])
     phases = plan.get("phases", {})
+    from hybridrl.plan.report import update_peak_total
+
     metrics = {"train_peak_allocated_bytes": h["train_peak_allocated_bytes"],
                "rollout_peak_used_bytes": h["rollout_peak_used_bytes"]}
     if phases:
-        # the measured train peak spans the forward/backward and the optimizer step
-        train = max(phases[k]["total"] for k in ("train_actor", "actor_step") if phases.get(k))
+        train = update_peak_total(phases)  # the measured train peak spans the forward/backward and the step
         metrics["plan_train_actor_bytes"] = train
         metrics["plan_rollout_bytes"] = phases["rollout"]["total"]
         metrics["train_measured_over_plan"] = h["train_peak_allocated_bytes"] / train

@@ -38,7 +38,11 @@ import json
 import os
 import shutil
 import statistics
+import sys
 from typing import Any, Optional
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from hybridrl.plan.report import update_peak_total  # noqa: E402
 
 STEP_PHASES = ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor")
 GEN_PHASES = ("generate", "reshard", "offload", "onload", "engine_sleep")
@@ -100,10 +104,9 @@ def summarize(steps: list[dict[str, Any]], plan: dict[str, Any]) -> dict[str, An
         out[f"{key}_bytes_by_step"] = [r.get(f"memory/{key}_bytes") for r in steps]
     phases = plan.get("phases") or {}
     overhead = plan.get("overhead_bytes") or 0
-    for name, keys in (("train", ("train_actor", "actor_step")), ("rollout", ("rollout",)), ("ref", ("ref_log_prob",))):
-        # update_actor's peak spans its forward/backward and its optimizer step: the larger of the two phases
-        totals = [(phases.get(k) or {}).get("total") for k in keys]
-        total = max((t for t in totals if t is not None), default=None)
+    totals = {"train": update_peak_total(phases), "rollout": (phases.get("rollout") or {}).get("total"),
+              "ref": (phases.get("ref_log_prob") or {}).get("total")}
+    for name, total in totals.items():
         out[f"plan_{name}_bytes"] = total
         out[f"{name}_measured_over_plan"] = _ratio(out[f"{name}_peak_bytes"], total)
         out[f"{name}_measured_over_plan_no_overhead"] = _ratio(out[f"{name}_peak_bytes"],

@@ -256,7 +256,8 @@ def main() -> None:
         return metrics, s
 
     update()  # warm-up (allocator, first-call kernels, Adam's state, the host arena when offloading)
-    parts = {k: [] for k in parts}
+    for timed_parts in parts.values():
+        timed_parts.clear()
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     seconds = []

@@ -42,8 +42,7 @@ class Engine:
         self.optim = optim
         self.optimizer_steps = 0  # applied updates (restored from checkpoints: see checkpoint.py)
         self.router_losses: dict[str, float] = {}  # MoE: the last train_step's router losses (moe.py)
-        # the last train_step's seconds: forward_backward, before_step (the optimizer onload), optimizer_step
-        self.step_seconds: dict[str, float] = {}
+        self.step_seconds: dict[str, float] = {}  # the last train_step's: forward_backward, optimizer_step
         if optim is None:
             for c in chunks:
                 c.requires_grad_(False)
@@ -119,14 +118,13 @@ class Engine:
         else:
             metrics = self.run(micro_batches, loss_fn, forward_only=False, prepare=prepare)
         compat.synchronize()
-        backward_done = time.perf_counter()
-        if before_step is not None:
+        forward_backward = time.perf_counter() - start
+        if before_step is not None:  # timed by its owner (the role's optimizer onload)
             before_step()
         step_start = time.perf_counter()
         grad_norm, applied = optimizer_step(self.optimizer, self.optim.clip_grad)
         compat.synchronize()
-        self.step_seconds = {"forward_backward": backward_done - start, "before_step": step_start - backward_done,
-                             "optimizer_step": time.perf_counter() - step_start}
+        self.step_seconds = {"forward_backward": forward_backward, "optimizer_step": time.perf_counter() - step_start}
         self.optimizer_steps += int(applied)
         return metrics, grad_norm, applied
 

@@ -119,8 +119,8 @@ class MegatronRole:
                 with self._routing(mini) as prepare:
                     per_micro, grad_norm, applied = self.engine.train_step(mbs, make_loss_fn(mini), prepare,
                                                                            self._optimizer_on_device)
-                for part in seconds:
-                    seconds[part] += self.engine.step_seconds[part]
+                for part, s in self.engine.step_seconds.items():
+                    seconds[part] += s
                 router = list(self.engine.router_losses.values())  # MoE models: load-balancing and z-loss
                 history.append(self._rank_metrics(per_micro, metric_names) + [grad_norm, float(applied)] + router)
         names = metric_names + [f"{self.role}/grad_norm", f"{self.role}/update_applied"]

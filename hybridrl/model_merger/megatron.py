@@ -64,7 +64,8 @@ def hf_to_mcore(hf_dir: str, out: str, tp: int, pp: int, timeout_s: float = 3600
     start = time.time()
     import torch.multiprocessing as mp
 
-    ctx = mp.start_processes(_hf_to_mcore_rank, args=(world, free_port("127.0.0.1"), hf_dir, out, tp, pp, ep, etp), nprocs=world,
+    port = free_port("127.0.0.1")
+    ctx = mp.start_processes(_hf_to_mcore_rank, args=(world, port, hf_dir, out, tp, pp, ep, etp), nprocs=world,
                              join=False, start_method="spawn")
     deadline = time.time() + timeout_s
     while not ctx.join(timeout=5):

@@ -49,6 +49,12 @@ KEYS = ("format", "ok", "gpu_memory_bytes", "overhead_bytes", "model", "layout",
         "problems", "notes", "summary")
 
 
+def update_peak_total(phases: dict[str, Any]) -> Optional[int]:
+    """The plan's bytes for one actor update call, from a `--json` plan's `phases`: the larger of its forward/backward
+    (train_actor) and its optimizer step (actor_step; plans written before it existed have train_actor only)."""
+    return max((p["total"] for p in (phases.get(k) for k in ("train_actor", "actor_step")) if p), default=None)
+
+
 def layout_dict(run: RunConfig, shape: Optional[ModelShape] = None) -> dict[str, Any]:
     d, cfg = run.derived, run.cfg
     a, r = d.actor, cfg.actor_rollout_ref.rollout

@@ -10,8 +10,8 @@ import torch
 
 from hybridrl.hybrid.broadcast import BroadcastGroup, _compare
 from hybridrl.hybrid.checks import WeightSyncError
-from tests.fixtures.mp_tensors import from_plain, to_plain
 from hybridrl.utils.net import free_port
+from tests.fixtures.mp_tensors import from_plain, to_plain
 
 pytestmark = pytest.mark.dist
 
