@@ -175,55 +175,27 @@ trainer.default_local_dir=$OUT/agent_grpo trainer.max_time_s=${AGENT_TIME_S:-150
     step speed_local 150 python3 benchmarks/train_bench.py $A --transformer-impl local --out "$OUT/speed_${S}_local.json"
     step speed_te 150 python3 benchmarks/train_bench.py $A --transformer-impl transformer_engine \
       --peer "$OUT/speed_${S}_local.json" --out "$OUT/results/speed_${S}_te.json"
+    # the profile (PROFILE rows, after the timed updates: it does not touch the metrics) says where the MFU goes
     step speed_te_packed 150 python3 benchmarks/train_bench.py $A --transformer-impl transformer_engine --packed \
-      --peer "$OUT/results/speed_${S}_te.json" --out "$OUT/results/speed_${S}_te_packed.json"
+      --profile "${PROFILE:-20}" --peer "$OUT/results/speed_${S}_te.json" --out "$OUT/results/speed_${S}_te_packed.json"
+    # TE's fused THD RoPE (megatron's unfused one loops over the packed sequences in Python, every layer)
+    [ "${ROPE_PROBE:-1}" = 1 ] && step speed_te_packed_rope 150 python3 benchmarks/train_bench.py $A \
+      --transformer-impl transformer_engine --packed --override-transformer-config '{"apply_rope_fusion":true}' \
+      --peer "$OUT/results/speed_${S}_te_packed.json" --out "$OUT/results/speed_${S}_te_packed_rope.json"
     grep -h "_vs_\|train_mfu" "$OUT/results/speed_${S}"_*.json
     ;;
   speed7b)
     M=$(scale_model 7b)  # config only: random init
-    step speed_7b 420 python3 benchmarks/train_bench.py --model-dir "$M" --shape 7b --lengths gsm8k --random-init \
-      --transformer-impl transformer_engine --packed --dynamic-tokens ${TOKENS:-16384} --samples ${SAMPLES:-64} \
-      --recompute --skip-offload --offload-optimizer --updates 2 ${SPEED_ARGS:-} --out "$OUT/results/speed_7b.json"
-    grep -h "train_mfu\|peak_memory" "$OUT/results/speed_7b.json"
-    ;;
-  moe)
-    M=${MODEL:-/tmp/qwen3_moe_1b}; K=${MOE_STEPS:-4}
-    [ -f "$M/config.json" ] || step moe_model 50 python3 benchmarks/multi_gpu_bench.py model --dir "$M" --shape moe_1b
-    A="--config-name grpo_trainer preset=0.5b_1gpu actor_rollout_ref.model.path=$M data.train_files=$M/data/train.parquet \
-data.val_files=$M/data/test.parquet data.max_prompt_length=64 data.max_response_length=256 data.train_batch_size=16 \
-actor_rollout_ref.actor.ppo_mini_batch_size=16 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8 \
-actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16 actor_rollout_ref.rollout.n=8 \
-actor_rollout_ref.actor.use_kl_loss=false actor_rollout_ref.rollout.ignore_eos=true \
-actor_rollout_ref.rollout.gpu_memory_utilization=0.4 actor_rollout_ref.rollout.name=vllm trainer.device=cuda \
-actor_rollout_ref.rollout.enable_rollout_routing_replay=true trainer.total_training_steps=$K trainer.max_time_s=60 \
-trainer.test_freq=-1 trainer.save_freq=-1 trainer.val_before_train=false trainer.logger=[console,jsonl] \
-trainer.progress_bar=false ${MOE_ARGS:-}"
-    echo "moe: model $M, $K steps a run; progress: tail -f $OUT/moe_*.log"
-    # shellcheck disable=SC2086
-    step moe_grpo_noreplay 225 python3 -m hybridrl.trainer.main_ppo $A actor_rollout_ref.actor.router_replay.mode=disabled \
-      trainer.default_local_dir="$OUT/moe_noreplay"
-    grep -h "start-up\|max_time_s\|rollout_vs_actor/\|perf/mfu\|reshard_stream" "$OUT/moe_grpo_noreplay.log" | tail -n 8
-    # shellcheck disable=SC2086
-    step moe_grpo_r3 150 python3 -m hybridrl.trainer.main_ppo $A actor_rollout_ref.actor.router_replay.mode=R3 \
-      trainer.default_local_dir="$OUT/moe_r3"
-    grep -h "start-up\|max_time_s\|rollout_vs_actor/\|perf/mfu\|reshard_stream" "$OUT/moe_grpo_r3.log" | tail -n 8
-    # the trainer runs' engine settings (max_model_len, capture sizes for 16 x 8 rows, routing recorded), so
-    # vLLM's compile cache from the runs above applies
-    step moe_gap 115 python3 benchmarks/gap_bench.py --model-dir "$M" --prompts 32 --max-tokens 256 \
-      --rollout-rows 128 --override actor_rollout_ref.rollout.enable_rollout_routing_replay=true \
-      --override actor_rollout_ref.rollout.gpu_memory_utilization=0.4 --out "$OUT/moe_gap.json"
-    grep -E "_vs_" "$OUT/moe_gap.log"
-    step moe_report 25 python3 benchmarks/moe_report.py --noreplay "$OUT/moe_noreplay/logs/metrics.jsonl" \
-      --r3 "$OUT/moe_r3/logs/metrics.jsonl" --gap "$OUT/moe_gap.json" --model-dir "$M" \
-      --command "OUT=\$OUT bash benchmarks/gpu_run.sh moe  # trainer: $A" --out "$OUT/results/moe_grpo.json"
-    cat "$OUT/results/moe_grpo.md" 2>/dev/null
-    ;;
-  moetest)
-    step test_vllm_moe 420 python3 -m pytest -q -x -s tests/gpu/test_vllm_moe.py
-    grep -h "^\[moe gpu\]" "$OUT/test_vllm_moe.log"
-    ;;
-  scalemodel)
-    shift; for S in "$@"; do scale_model "$S" > /dev/null; done
+    # the fastest fit (hybridrl plan: 91 GiB in the forward/backward): 8192-token micro-batches, nothing recomputed;
+    # the optimizer state comes back from the host for its step only, as in the hybrid engine
+    A="--model-dir $M --shape 7b --lengths gsm8k --random-init --transformer-impl transformer_engine --packed \
+--samples ${SAMPLES:-64} --skip-offload --offload-optimizer --updates ${UPDATES:-3}"
+    step speed_7b 300 python3 benchmarks/train_bench.py $A --dynamic-tokens ${TOKENS:-8192} --profile "${PROFILE:-20}" \
+      ${SPEED_ARGS:-} --out "$OUT/results/speed_7b.json"
+    # the scale row's memory knobs: every layer recomputed (MFU counts 6*N*tokens, so recompute costs it ~25%)
+    [ "${RECOMPUTE_RUN:-1}" = 1 ] && step speed_7b_recompute 240 python3 benchmarks/train_bench.py $A --recompute \
+      --dynamic-tokens 16384 ${SPEED_ARGS:-} --out "$OUT/results/speed_7b_recompute.json"
+    grep -h "train_mfu\|peak_memory" "$OUT/results/speed_7b"*.json
     ;;
   scale)
     set -f  # the overrides travel as one word-split string: `[console,jsonl]` must not glob
