@@ -89,7 +89,8 @@ def parse() -> argparse.Namespace:
 def make_model(folder: str, shape: str, weights: bool = True) -> None:
     from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    from hybridrl.trainer.demo import build_tokenizer, write_data
+    from hybridrl.data.tokenizer import build_tiny_tokenizer
+    from hybridrl.trainer.demo import DEMO_ALPHABET, write_data
 
     cuda = torch.cuda.is_available() and "tiny" not in shape
     torch.manual_seed(0)
@@ -99,7 +100,10 @@ def make_model(folder: str, shape: str, weights: bool = True) -> None:
         else:
             model = Qwen2ForCausalLM(Qwen2Config(**SHAPES[shape], **COMMON))
     model = model.to(torch.bfloat16 if cuda or not weights else torch.float32)
-    tok = build_tokenizer(folder)  # the demo's character tokenizer; a random model's extra ids decode to ""
+    # the demo's character tokenizer (a random model's extra ids decode to ""), plus the newline ChatML writes after
+    # each turn: verl's Qwen agent loop needs "\n" to be one token (benchmarks/peer_verl's 1.5B job)
+    tok = build_tiny_tokenizer(alphabet=DEMO_ALPHABET + "\n")
+    tok.save_pretrained(folder)
     model.config.update(dict(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
                              bos_token_id=tok.bos_token_id))
     if weights:

@@ -8,7 +8,7 @@
 #   report:    report.py over the four runs -> $OUT/results/peer_verl.json + .md
 #   verl_JOB_1 / verl_JOB_2 (JOB smol or 1p5b): verl's run in two calls of one lease (README.md: two device calls)
 set -u
-MODE=${1:?usage: run.sh stage|verl_smol|ours_smol|verl_1p5b|ours_1p5b|report|verl_{smol,1p5b}_{1,2}}
+MODE=${1:?"usage: run.sh stage|verl_smol|ours_smol|verl_1p5b|ours_1p5b|report|verl_smol_1|verl_smol_2|verl_1p5b_1|verl_1p5b_2"}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/results"
 HERE=$PWD/benchmarks/peer_verl
 SMOL=/tmp/smol; M15=/tmp/m_1p5b
@@ -78,6 +78,7 @@ print('verl:', verl.__version__, 'torch', torch.__version__, 'transformers', tra
     nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
     ;;
   verl_smol) train verl_smol verl smol "$(ours_smol_dir)" ;;
+  ours_smol) train ours_smol ours smol "$(ours_smol_dir)" ;;
   # verl in two calls of one lease: part 1 saves every SAVE_FREQ steps and stops at its cap; part 2 resumes from
   # the last save without validating again first
   verl_smol_1|verl_1p5b_1|verl_smol_2|verl_1p5b_2)

@@ -109,6 +109,8 @@ def side(trainer: str, job: str, model: str, out: str) -> list[str]:
         return [
             "--config-name", "grpo_trainer" if job == "1p5b" else "grpo_smollm2_gsm8k",
             f"actor_rollout_ref.model.path={model}",
+            # the HF folder materialized from the GGUF (verl reads the same one): the smol config's gguf_file is not in it
+            "actor_rollout_ref.model.gguf_file=null",
             f"trainer.default_local_dir={out}",
             "trainer.logger=[console,jsonl]",
             f"trainer.validation_data_dir={out}/val_gens",
