@@ -101,8 +101,10 @@ def make_model(folder: str, shape: str, weights: bool = True) -> None:
             model = Qwen2ForCausalLM(Qwen2Config(**SHAPES[shape], **COMMON))
     model = model.to(torch.bfloat16 if cuda or not weights else torch.float32)
     # the demo's character tokenizer (a random model's extra ids decode to ""), plus the newline ChatML writes after
-    # each turn: verl's Qwen agent loop needs "\n" to be one token (benchmarks/peer_verl's 1.5B job)
-    tok = build_tiny_tokenizer(alphabet=DEMO_ALPHABET + "\n")
+    # each turn, twice: "\n" for the tokenizer as saved, and "Ċ", its byte-level spelling, because transformers 5
+    # loads any qwen2 folder with Qwen2Tokenizer (byte-level BPE over the same vocabulary), which drops an unknown
+    # "\n"; verl's Qwen agent loop needs it to be one token (benchmarks/peer_verl's 1.5B job)
+    tok = build_tiny_tokenizer(alphabet=DEMO_ALPHABET + "\n\u010a")
     tok.save_pretrained(folder)
     model.config.update(dict(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
                              bos_token_id=tok.bos_token_id))
