@@ -21,15 +21,17 @@ lcm(64, tp) as the Megatron adapter builds it (so any tp works; the padded rows 
 Mixture of experts (E experts of width fe, top-k, shared expert fs; ep x etp expert layout): a layer adds
 E*3*h*fe/(ep*etp) routed-expert params and E*h (+ h) replicated router (+ shared gate); 3*h*fs takes the
 MLP's place in W_layer. The distributed optimizer shards the experts' state over the expert data-parallel
-ranks (tp*cp*dp/(ep*etp)), the rest over dp*cp. Activations of an MoE layer replace 3f/tp with
-3fs/tp + k*(3fe/etp + h) (each token's k expert computations and its k dispatched copies; balanced
+ranks (tp*cp*dp/(ep*etp)), the rest over dp*cp. Activations of an MoE layer replace 5f/tp with
+5fs/tp + k*(3fe/etp + h) (each token's k expert computations and its k dispatched copies; balanced
 routing) + 4E/b (fp32 router logits), plus one layer's all-to-all receive buffers in flight
 (`alltoall_bytes`: dispatch and combine, T*k*h*b each).
 
 Activations kept for the backward pass of one layer and one micro-batch (flash attention, no dropout):
-    A_layer = T * (b * (4h/s + (2q + 2kv)/tp + 3f/tp) + 4a/tp)
+    A_layer = T * (b * (4h/s + (2q + 2kv)/tp + 5f/tp) + 4a/tp)
       4h/s: the inputs and outputs of the two RMSNorms (s = tp with sequence parallelism, else 1);
-      (q + 2kv)/tp: Q, K, V; q/tp: the attention output; 3f/tp: gate+up output and the SwiGLU product;
+      (q + 2kv)/tp: Q, K, V; q/tp: the attention output; 5f/tp: megatron's unfused SwiGLU,
+      SiLU(gate) * (up + glu_linear_offset), keeps the gate+up output, SiLU(gate), up + offset (a new tensor
+      even for offset 0) and the product (2f/tp for a plain MLP);
       4a/tp: fp32 log-sum-exp per head kept by flash attention.
     with full recompute (actor_rollout_ref.model.enable_gradient_checkpointing): T*b*h/s per layer (its input)
       plus one layer's A_layer while it is recomputed.
@@ -153,11 +155,20 @@ def model_state_bytes(params: int, dtype_bytes: int, *, grad_fp32: bool = True, 
 
 
 # ------------------------------------------------------------------------------------------- activations
+def mlp_kept_per_token(gated: bool) -> int:
+    """Values per token and unit of MLP width that megatron's MLP keeps for its backward (bias_activation_fusion
+    off). Gated: the fc1 output (gate and up: 2), SiLU(gate), up + glu_linear_offset (megatron adds the offset
+    out of place, even 0) and the product, fc2's input; plain: fc1's output and the activation's. Measured on
+    megatron-core 0.16.1's MLP in tests/dist/test_megatron_memory_knobs.py (the 1.5B and 3B H200 scale rows ran
+    18% above the plan while it counted 3)."""
+    return 5 if gated else 2
+
+
 def layer_activation_bytes(shape: ModelShape, tokens: int, tp: int, sequence_parallel: bool, act_bytes: int,
                            etp: Optional[int] = None) -> int:
     """A_layer: what one layer keeps for its backward pass for `tokens` tokens."""
     s = tp if sequence_parallel else 1
-    mlp = (3 if shape.gated_mlp else 2) * (shape.shared_expert_ffn_hidden_size if shape.is_moe else shape.ffn_hidden_size)
+    mlp = mlp_kept_per_token(shape.gated_mlp) * (shape.shared_expert_ffn_hidden_size if shape.is_moe else shape.ffn_hidden_size)
     per_token = (act_bytes * (4 * shape.hidden_size / s + (2 * shape.q_width + 2 * shape.kv_width + mlp) / tp)
                  + 4 * shape.num_attention_heads / tp)
     if shape.is_moe:

@@ -49,3 +49,13 @@ def test_knob_reproduces_the_plain_updates(result, knob):
 def test_knobs_reach_megatron(result):
     assert result["plain"]["recompute_granularity"] is None and result["recompute"]["recompute_granularity"] == "full"
     assert result["plain"]["grad_reduce_in_fp32"] is True and result["bf16_grads"]["grad_reduce_in_fp32"] is False
+
+
+def test_the_plan_counts_what_megatrons_mlp_keeps(result):
+    """The plan's MLP activations (hybridrl/plan/memory.py) against the bytes megatron's MLP saves for its backward:
+    fc1's input (counted with the norms in the plan's 4h) plus what mlp_kept_per_token says per unit of width."""
+    from hybridrl.plan.memory import mlp_kept_per_token
+
+    m = result["mlp_saved"]
+    want = m["tokens"] * m["dtype_bytes"] * (m["hidden"] + mlp_kept_per_token(m["gated"]) * m["ffn"])
+    assert m["gated"] and m["bytes"] == want, m

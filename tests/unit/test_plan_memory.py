@@ -114,8 +114,8 @@ def test_7b_8gpu_preset_plan_by_hand():
     assert (train["actor_params"], train["actor_grads"], train["actor_optimizer"]) == (
         7_615_820_800, 15_231_641_600, 11_423_731_200)
     # micro-batch 4 x 1024 tokens = 4096 tokens; per layer and token (bytes): 2*(4*3584/2 + (2*3584+2*512)/2
-    # + 3*18944/2) + 4*28/2 = 79,416; x4096 x28 layers = 9,108,062,208; logits 4096 * 152,064/2 * (2+4+4).
-    assert train["activations"] == 79_416 * 4096 * 28 + 4096 * 76_032 * 10
+    # + 5*18944/2) + 4*28/2 = 117,304; x4096 x28 layers = 13,453,361,152; logits 4096 * 152,064/2 * (2+4+4).
+    assert train["activations"] == 117_304 * 4096 * 28 + 4096 * 76_032 * 10
     # the critic (PPO default) and the sleeping vLLM are offloaded/asleep while the actor trains
     assert train["critic_params"] == train["critic_optimizer"] == train["rollout_kv_cache"] == 0
     rollout = plan.phases["rollout"].parts
@@ -141,7 +141,7 @@ def test_offload_flags_decide_what_stays_during_rollout():
 def test_pipeline_in_flight_and_recompute_by_hand():
     """7b_8gpu_tp2pp2: 14 layers a stage, training micro-batches of 2 x 1024 tokens, log-prob passes of 4 x 1024."""
     shape = resolve("Qwen2.5-7B")
-    layer = 79_416 * 2048  # A_layer for 2048 tokens (see test_7b_8gpu_preset_plan_by_hand)
+    layer = 117_304 * 2048  # A_layer for 2048 tokens (see test_7b_8gpu_preset_plan_by_hand)
     train = estimate(_run("preset=7b_8gpu_tp2pp2"), shape, 80 * GiB).phases["train_actor"]
     # 1F1B: stage 0 holds pp=2 micro-batches in flight; stage 1 holds one plus the logits
     assert train.stage == 0 and train.parts["activations"] == 14 * 2 * layer
@@ -150,7 +150,7 @@ def test_pipeline_in_flight_and_recompute_by_hand():
     phase = estimate(recompute, shape, 80 * GiB).phases["train_actor"]
     kept = 2048 * 2 * 3584 // 2  # a recomputed layer keeps its input (bf16, split over tp by sequence parallelism)
     train_last = 14 * kept + layer + 2048 * 76_032 * 10
-    forward_last = 79_416 * 4096 + 4096 * 76_032 * 6  # one layer + bf16 logits and fp32 log-softmax, no grad
+    forward_last = 117_304 * 4096 + 4096 * 76_032 * 6  # one layer + bf16 logits and fp32 log-softmax, no grad
     assert phase.stage == 1 and phase.parts["activations"] == max(train_last, forward_last)
 
 
@@ -226,7 +226,7 @@ def test_reference_pass_with_param_offload_is_its_own_phase_by_hand():
     assert (ref["actor_params"], ref["actor_grads"], ref["actor_optimizer"]) == (7_615_820_800, 15_231_641_600, 0)
     assert ref["ref_params"] == 7_615_820_800  # the same bf16 shard as the actor's (tp=2)
     # forward micro-batch 8 x 1024 tokens: one layer's activations + bf16 logits and their fp32 log-softmax
-    assert ref["activations"] == 79_416 * 8192 + 8192 * 76_032 * 6
+    assert ref["activations"] == 117_304 * 8192 + 8192 * 76_032 * 6
     assert plan.phases["ref_log_prob"].total == sum(ref.values())
     assert plan.phases["train_actor"].parts["ref_params"] == 0  # offloaded while the actor trains
     kept = validate(load_config(["preset=7b_8gpu", "actor_rollout_ref.ref.megatron.param_offload=false"],

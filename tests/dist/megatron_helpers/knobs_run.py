@@ -32,6 +32,31 @@ KNOBS = {"plain": ({}, {}), "recompute": ({"enable_gradient_checkpointing": True
          "bf16_grads": ({}, {"grad_reduce_in_fp32": False})}
 
 
+def mlp_saved_bytes(actor, tokens: int) -> dict:
+    """Bytes one megatron MLP keeps for its backward over `tokens` tokens (unique storages the autograd graph
+    saves, its weights left out), beside the sizes the plan's formula needs."""
+    import torch
+
+    mlp = next(m for n, m in actor.engine.chunks[0].named_modules() if n.endswith("layers.0.mlp"))
+    params = {p.untyped_storage().data_ptr() for p in mlp.parameters()}
+    kept: dict[int, int] = {}
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in params:
+            kept[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    h = mlp.config.hidden_size
+    x = torch.randn(tokens, 1, h, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = mlp(x)
+    y = y[0] if isinstance(y, tuple) else y
+    y.sum().backward()
+    return {"bytes": sum(kept.values()), "tokens": tokens, "hidden": h, "ffn": mlp.config.ffn_hidden_size,
+            "gated": bool(mlp.config.gated_linear_unit), "dtype_bytes": x.element_size()}
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--models", required=True)
@@ -54,6 +79,8 @@ def main() -> None:
         steps = [actor.update_policy(data), actor.update_policy(data)]
         after = actor.compute_log_prob(data).batch["log_probs"]
         ddp_config = actor.engine.chunks[0].ddp_config
+        if name == "plain":
+            out["mlp_saved"] = mlp_saved_bytes(actor, tokens=24)
         out[name] = {"steps": steps, "log_probs_after": after.tolist(),
                      "grad_reduce_in_fp32": ddp_config.grad_reduce_in_fp32,
                      "recompute_granularity": actor.engine.chunks[0].config.recompute_granularity}
