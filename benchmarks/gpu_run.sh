@@ -33,23 +33,17 @@
 #           the table the report prints). SCALE_ARGS: extra trainer overrides. CPU=1 PY=.venv/bin/python: the dry
 #           run of the same row on the tiny model (torch engine, trainer.device=cpu, 4x4 samples of 16 tokens, 3 steps)
 #   scalemodel SHAPE...: only build /tmp/m_SHAPE for each shape (e.g. 7b beside `stage`, to keep `scale 7b` short)
-# Issue 19 on one H200 lease (compare timings within a lease; needs_h200: the 7b row does not fit 80 GB), with
-# R=$OUT of the device call and OUT=/tmp/res for the runner. Every call ends with the report over the shapes done so
-# far; bring it back each time (one file): R=$OUT; OUT=/tmp/res bash benchmarks/gpu_run.sh scale 7b;
-# tar czf $R/scale.tgz -C /tmp/res results scale_7b.log. Times measured on 2026-11-25 (H200), calls back to back
-# (the machine goes cold after about 30 s idle):
-#   1. the 5 bundle carries (p_0..p_4 + zs; SmolLM2's g_* are not needed), unpack in the last  ~1.5 min
-#   2. scale 7b     ~4-5 min (config-only model folder, random init; start-up 141 s; step 1 11.8 s; steps 2+ add the
-#                            first pinning of 85 GiB of Adam state, then ~2 x 1.7 s of host transfers each)
-#   3. scale 0.5b   ~3 min (184 s with its model build)
-#   4. scale 1.5b   ~2.5 min (151 s)
-#   5. scale 3b     ~2.6 min (156 s)
-#   6. with what is left: transformer-engine (DEVELOPERS.md: t_0..t_5 carries, install.sh, --wait; keep the built
-#      wheel it returns in .gpu/te_built), then `speed7b` for train_mfu_7b, then `SHAPE=1.5b speed` (TE vs local,
-#      packed vs padded) in the same lease; for the MFU gap: SPEED_ARGS="--profile 25", and the packed run again with
-#      SPEED_ARGS='--override-transformer-config {"apply_rope_fusion":true}' (no space: word-split) (TE's fused THD RoPE, unchecked so far).
-# 7b goes first because it is the run most likely to fail (host RAM: 85 GiB pinned of 125 GiB; GPU: the plan leaves
-# 9 GiB at the optimizer step).
+# Issue 19, what is left after the 2026-11-26 H200 lease (megatron_speed.md, megatron_scale.md), on one lease
+# (an H100 does for the 1.5B runs; the 7B ones need needs_h200), with R=$OUT of the device call and OUT=/tmp/res for
+# the runner; call times measured on 2026-11-26, back to back (the machine goes cold after about 30 s idle):
+#   1. the 5 bundle carries (p_0..p_4 + zs), unpack in the last                      ~1 min
+#   2. transformer-engine: the .gpu/te parts one per call (bundle.sh now packs the wheel built on 2026-11-26, so
+#      nothing compiles), `bash benchmarks/te/install.sh /tmp/site`                 ~1.5 min
+#   3. `SHAPE=1.5b SPEED_ARGS="--dynamic-tokens 6144" speed`: local, TE, TE packed (profiled), and FP8 (tensorwise,
+#      delayed) for the FP8 speed-up                                                 ~3 min
+#   4. `speed7b`: the 7B shape without recompute (8192-token micro-batches; its 2026-11-26 run lost its result to
+#      the profile's OOM, fixed since) and with it                                  ~2 min
+# The scale curve (`scale SHAPE`, one shape a call, 7b first: ~3.5 min, the others ~2 min) is done on this code.
 set -u
 MODE=${1:?usage: gpu_run.sh stage|checks|bench|gap|grpo|agent|agentgrpo|report|te|speed|speed7b|moe|moetest|scale SHAPE|scalemodel SHAPE...}
 OUT=${OUT:-/tmp/out}
@@ -175,13 +169,16 @@ trainer.default_local_dir=$OUT/agent_grpo trainer.max_time_s=${AGENT_TIME_S:-150
     step speed_local 150 python3 benchmarks/train_bench.py $A --transformer-impl local --out "$OUT/speed_${S}_local.json"
     step speed_te 150 python3 benchmarks/train_bench.py $A --transformer-impl transformer_engine \
       --peer "$OUT/speed_${S}_local.json" --out "$OUT/results/speed_${S}_te.json"
-    # the profile (PROFILE rows, after the timed updates: it does not touch the metrics) says where the MFU goes
+    # TE runs with its fused THD RoPE (builder.py's default since 2026-11-26: 1.25x on this run, megatron_speed.md);
+    # the profile (PROFILE rows, after the result is written: it does not touch the metrics) says where the MFU goes
     step speed_te_packed 150 python3 benchmarks/train_bench.py $A --transformer-impl transformer_engine --packed \
       --profile "${PROFILE:-20}" --peer "$OUT/results/speed_${S}_te.json" --out "$OUT/results/speed_${S}_te_packed.json"
-    # TE's fused THD RoPE (megatron's unfused one loops over the packed sequences in Python, every layer)
-    [ "${ROPE_PROBE:-1}" = 1 ] && step speed_te_packed_rope 150 python3 benchmarks/train_bench.py $A \
-      --transformer-impl transformer_engine --packed --override-transformer-config '{"apply_rope_fusion":true}' \
-      --peer "$OUT/results/speed_${S}_te_packed.json" --out "$OUT/results/speed_${S}_te_packed_rope.json"
+    # FP8 (issue 19 asks for its speed-up): the packed TE run again with each scaling recipe, against bf16 packed
+    for R in ${FP8_RECIPES:-tensorwise delayed}; do
+      step "speed_te_packed_fp8_$R" 150 python3 benchmarks/train_bench.py $A --transformer-impl transformer_engine --packed \
+        --fp8 e4m3 --fp8-recipe "$R" --peer "$OUT/results/speed_${S}_te_packed.json" \
+        --out "$OUT/results/speed_${S}_te_packed_fp8_$R.json"
+    done
     grep -h "_vs_\|train_mfu" "$OUT/results/speed_${S}"_*.json
     ;;
   speed7b)
@@ -196,6 +193,9 @@ trainer.default_local_dir=$OUT/agent_grpo trainer.max_time_s=${AGENT_TIME_S:-150
     [ "${RECOMPUTE_RUN:-1}" = 1 ] && step speed_7b_recompute 240 python3 benchmarks/train_bench.py $A --recompute \
       --dynamic-tokens 16384 ${SPEED_ARGS:-} --out "$OUT/results/speed_7b_recompute.json"
     grep -h "train_mfu\|peak_memory" "$OUT/results/speed_7b"*.json
+    ;;
+  scalemodel)
+    shift; for S in "$@"; do scale_model "$S"; done
     ;;
   scale)
     set -f  # the overrides travel as one word-split string: `[console,jsonl]` must not glob
