@@ -8,6 +8,8 @@ One torchrun launch per layout runs all of that layout's checks (run_layout.py):
   * PPO: two actor updates (2 optimizer steps each, KL loss + entropy bonus) and two critic updates
     give the same losses, metrics and grad norms as the 1-process run (relative diff < 1e-5), with
     the distributed optimizer on and off, other micro-batch sizes and dynamic batching;
+  * PPO gradient (1 process): the dense actor's update_policy up to its optimizer step against transformers'
+    autograd of the PPO loss written out in float64 (clip, dual clip, low_var_kl, token-mean), some ratios clipped;
   * resume: update 2 from the 1-process run's checkpoint (saved after update 1) in this layout equals
     the uninterrupted update 2;
   * mixture of experts: parity (and the export) of tiny Qwen3-MoE, Qwen2-MoE (shared expert) and Mixtral
@@ -78,6 +80,7 @@ def models(tmp_path_factory) -> str:
     tiny.save_routing_references(os.path.join(folder, "qwen3_moe"))
     for name in tiny.MOE:
         tiny.save_grad_references(os.path.join(folder, name))
+    tiny.save_ppo_grad_references(os.path.join(folder, "qwen2"))
     return folder
 
 
@@ -87,7 +90,7 @@ def reference(models, tmp_path_factory) -> dict:
     out = str(tmp_path_factory.mktemp("layout_ref"))
     ckpt = os.path.join(out, "ckpt")
     launch.torchrun("run_layout.py", 1, ["--models", models, "--out", out, "--micro", "2", "--dist-opt", "0,1",
-                                         "--tasks", "parity,packed,ppo,resume,moe_ppo,routing,moe_grad",
+                                         "--tasks", "parity,packed,ppo,resume,moe_ppo,routing,moe_grad,ppo_grad",
                                          "--save-ckpt", ckpt, "--parity-models", ",".join(tiny.CONFIGS)], LAUNCH_TIMEOUT)
     result = launch.rank_results(out)[0]
     result["ckpt"] = ckpt
@@ -149,6 +152,18 @@ def assert_routing(routing: dict, where: str) -> None:
     assert off["logp_max_diff"] < PARITY_TOL and r3["logp_max_diff"] < PARITY_TOL, f"{where}: {routing}"
     assert off["agreement_max_diff"] == 0.0 and 0.6 < off["agreement_mean"] < 0.85, f"{where}: {off}"
     assert r3["update"]["actor/update_applied"] == 1.0, where
+
+
+def test_ppo_gradient_matches_the_loss_written_out_in_float64(reference):
+    """The actor's whole PPO update path (mini-batch, micro-batches, advantages and old/ref log-probs per row, the
+    clipped and dual-clipped ratio, low_var_kl, token-mean over the mini-batch) against transformers' autograd
+    of the loss as tiny.save_ppo_grad_references writes it, on rows where some ratios are clipped."""
+    r = reference["ppo_grad"]
+    assert 0.05 < r["clipped_fraction"] < 0.8, r  # the clip is exercised, not only the unclipped ratio
+    assert abs(r["pg_clipfrac"] - r["clipped_fraction"]) < 1e-6, r
+    assert len(r["grads"]) == 5
+    for name, diff in r["grads"].items():
+        assert diff < PARITY_TOL, f"{name}: PPO gradient differs from the float64 reference by {diff} (relative)"
 
 
 def test_moe_gradients_match_transformers_autograd(reference):

@@ -358,6 +358,43 @@ def check_moe_grads(args, layout) -> dict:
     return out
 
 
+def check_ppo_grads(args, layout) -> dict:
+    """The dense actor's PPO gradient, the whole update_policy path up to its optimizer step (which is replaced
+    by a copy of the gradients: nothing is applied), against transformers' autograd of the same loss written out
+    in tiny.save_ppo_grad_references: max |diff| / max |want| per parameter. One mini-batch of the 8 parity rows in
+    two micro-batches of 4."""
+    from hybridrl.adapters.megatron import engine as engine_module
+    from hybridrl.adapters.megatron.actor import MegatronActor
+
+    path = os.path.join(args.models, "qwen2")
+    ref, want = torch.load(os.path.join(path, "refs.pt")), torch.load(os.path.join(path, "ppo_grad_refs.pt"))
+    rows = ref["batch"]["input_ids"].shape[0]
+    cfg = dataclasses.replace(actor_cfgs(args, 4, False, False), entropy_coeff=0.0, ppo_mini_batch_size=rows)
+    plan = BatchPlan(samples_per_step=rows, mini_batch_samples=rows, mini_batches_per_epoch=1, ppo_epochs=1,
+                     mini_batch_per_dp=rows, micro_batch_per_gpu=4, grad_accum=rows // 4, use_dynamic_bsz=False,
+                     max_token_len_per_gpu=40, forward_micro_batch_per_gpu=4, forward_max_token_len_per_gpu=40)
+    actor = MegatronActor(ModelConfig(path=path), cfg, layout, plan)
+    got: dict = {}
+
+    def capture(optimizer, clip_grad):
+        got.update({n: p.main_grad.detach().float().clone() for n, p in actor.engine.module().named_parameters()})
+        return 0.0, False
+
+    step = engine_module.optimizer_step
+    engine_module.optimizer_step = capture
+    try:
+        metrics = actor.update_policy(DataProto.from_dict({**ref["batch"], **want["inputs"]},
+                                                          meta_info={"temperature": ref["temperature"]}))
+    finally:
+        engine_module.optimizer_step = step
+    out = {"clipped_fraction": want["clipped_fraction"], "pg_clipfrac": metrics["actor/pg_clipfrac"], "grads": {}}
+    for name, w in want["grads"].items():
+        g = got[name]  # the embedding has megatron's padded vocab rows: their gradient must be 0
+        pad = float(g[w.shape[0]:].abs().max()) if g.shape[0] > w.shape[0] else 0.0
+        out["grads"][name] = max(float((g[:w.shape[0]] - w).abs().max()), pad) / float(w.abs().max())
+    return out
+
+
 def critic_cfg(args, micro: int, dynamic: bool, distributed_optimizer: bool) -> CriticConfig:
     optim = OptimConfig(lr=2e-3, weight_decay=0.0, clip_grad=0.5, lr_warmup_steps=0, total_training_steps=10)
     return CriticConfig(rollout_n=1, optim=optim, megatron=megatron_cfg(args, distributed_optimizer),
@@ -444,6 +481,8 @@ def main() -> None:
         out["timings"]["moe_ppo"] = time.time() - t1
     if "moe_grad" in tasks:
         out["moe_grad"] = check_moe_grads(args, layout)
+    if "ppo_grad" in tasks:
+        out["ppo_grad"] = check_ppo_grads(args, layout)
     if "routing" in tasks:
         t1 = time.time()
         out["routing"] = check_routing(args, layout)

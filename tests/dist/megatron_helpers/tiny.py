@@ -212,3 +212,48 @@ def save_grad_references(path: str) -> None:
             pairs[m + "shared_experts.gate_weight"] = hf + "shared_expert_gate.weight"
     torch.save({"weights": weights, "grads": {k: v.detach().clone() for k, v in grads.items()}, "pairs": pairs},
                os.path.join(path, "grad_refs.pt"))
+
+
+PPO_CLIP, PPO_CLIP_C, PPO_KL_COEF = 0.2, 3.0, 0.1  # run_layout.actor_cfgs' clip_ratio (default), clip_ratio_c, kl
+
+
+def save_ppo_grad_references(path: str) -> None:
+    """For the dense PPO gradient check: the actor's loss written out here in float64 (vanilla PPO with the dual
+    clip, low_var_kl to the reference, token-mean over the mini-batch, temperature as in refs.pt) on the parity batch
+    with random old/ref log-probs near the model's own and random advantages, and its gradient by transformers'
+    autograd for a few parameters, keyed by megatron parameter name (tp=1) -> path/ppo_grad_refs.pt."""
+    model = load_hf(path).double()
+    refs = torch.load(os.path.join(path, "refs.pt"))
+    batch, temperature = refs["batch"], refs["temperature"]
+    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                position_ids=batch["position_ids"]).logits
+    R = batch["responses"].shape[1]
+    logp = torch.log_softmax(out[:, -R - 1:-1] / temperature, -1).gather(-1, batch["responses"][..., None])[..., 0]
+    mask = batch["response_mask"].double()
+    g = torch.Generator().manual_seed(21)
+    noise = lambda scale: scale * torch.randn(logp.shape, generator=g, dtype=torch.float64)  # noqa: E731
+    old = ((logp.detach() + noise(0.3)) * mask).float()  # ratios spread over the clip range: some are clipped
+    ref = ((logp.detach() + noise(0.2)) * mask).float()
+    adv = (noise(1.0) * mask).float()
+    ratio = torch.exp(logp - old.double())
+    a = adv.double()
+    pg1, pg2 = -a * ratio, -a * ratio.clamp(1 - PPO_CLIP, 1 + PPO_CLIP)
+    pg = torch.maximum(pg1, pg2)
+    pg = torch.where(a < 0, torch.minimum(pg, -a * PPO_CLIP_C), pg)
+    kl = ref.double() - logp
+    kld = (torch.exp(kl) - kl - 1).clamp(-10, 10)
+    loss = ((pg + PPO_KL_COEF * kld) * mask).sum() / mask.sum()
+    loss.backward()
+    layers = model.model.layers
+    grads = {
+        "embedding.word_embeddings.weight": model.model.embed_tokens.weight.grad,  # tied: the output layer's too
+        "decoder.final_layernorm.weight": model.model.norm.weight.grad,
+        "decoder.layers.0.mlp.linear_fc1.weight": torch.cat([layers[0].mlp.gate_proj.weight.grad,
+                                                             layers[0].mlp.up_proj.weight.grad]),
+        "decoder.layers.0.mlp.linear_fc2.weight": layers[0].mlp.down_proj.weight.grad,
+        "decoder.layers.1.self_attention.linear_proj.weight": layers[1].self_attn.o_proj.weight.grad,
+    }
+    clipped = float(((pg2 > pg1).double() * mask).sum() / mask.sum())  # verl's pg_clipfrac: the clip binds
+    torch.save({"inputs": {"old_log_probs": old, "ref_log_prob": ref, "advantages": adv},
+                "grads": {k: v.detach().float().clone() for k, v in grads.items()}, "loss": float(loss),
+                "clipped_fraction": clipped}, os.path.join(path, "ppo_grad_refs.pt"))
