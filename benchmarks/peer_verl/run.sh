@@ -4,11 +4,12 @@
 #   stage:     unpack .gpu_verl (carried in this call) into /tmp/verl_site; check both environments; materialize
 #              SmolLM2's HF folder; write the random 1.5B Qwen2 folder. Needs our bundle staged (gpu_run.sh stage).
 #   verl_smol / ours_smol:  GRPO on SmolLM2-135M-Instruct + gsm_symbolic (val before and after)
+#   ours_smol_seed (SEED=N): ours_smol with data.seed=N into $OUT/ours_smol_seedN (the learning-speed spread)
 #   verl_1p5b / ours_1p5b:  5 GRPO steps on the random 1.5B model
 #   report:    report.py over the four runs -> $OUT/results/peer_verl.json + .md
 #   verl_JOB_1 / verl_JOB_2 (JOB smol or 1p5b): verl's run in two calls of one lease (README.md: two device calls)
 set -u
-MODE=${1:?"usage: run.sh stage|verl_smol|ours_smol|verl_1p5b|ours_1p5b|report|verl_smol_1|verl_smol_2|verl_1p5b_1|verl_1p5b_2"}
+MODE=${1:?"usage: run.sh stage|verl_smol|ours_smol|ours_smol_seed|verl_1p5b|ours_1p5b|report|verl_smol_1|verl_smol_2|verl_1p5b_1|verl_1p5b_2"}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/results"
 HERE=$PWD/benchmarks/peer_verl
 SMOL=/tmp/smol; M15=/tmp/m_1p5b
@@ -79,6 +80,8 @@ print('verl:', verl.__version__, 'torch', torch.__version__, 'transformers', tra
     ;;
   verl_smol) train verl_smol verl smol "$(ours_smol_dir)" ;;
   ours_smol) train ours_smol ours smol "$(ours_smol_dir)" ;;
+  # hybridrl's SmolLM2 run with another data order (SEED=2 ...): is verl's faster climb inside our spread?
+  ours_smol_seed) OURS_ARGS="data.seed=${SEED:?set SEED} ${OURS_ARGS:-}" train "ours_smol_seed$SEED" ours smol "$(ours_smol_dir)" ;;
   # verl in two calls of one lease: part 1 saves every SAVE_FREQ steps and stops at its cap; part 2 resumes from
   # the last save without validating again first
   verl_smol_1|verl_1p5b_1|verl_smol_2|verl_1p5b_2)
