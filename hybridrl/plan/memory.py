@@ -23,7 +23,7 @@ E*3*h*fe/(ep*etp) routed-expert params and E*h (+ h) replicated router (+ shared
 MLP's place in W_layer. The distributed optimizer shards the experts' state over the expert data-parallel
 ranks (tp*cp*dp/(ep*etp)), the rest over dp*cp. Activations of an MoE layer replace 5f/tp with
 5fs/tp + k*(3fe/etp + h) (each token's k expert computations and its k dispatched copies; balanced
-routing) + 4E/b (fp32 router logits), plus one layer's all-to-all receive buffers in flight
+routing; the routed experts' 3fe is not measured, unlike the dense MLP's 5f) + 4E/b (fp32 router logits), plus one layer's all-to-all receive buffers in flight
 (`alltoall_bytes`: dispatch and combine, T*k*h*b each).
 
 Activations kept for the backward pass of one layer and one micro-batch (flash attention, no dropout):
