@@ -1,5 +1,7 @@
 """Does vLLM 0.26 keep the stop token in CompletionOutput.token_ids? (GPU host; a random 32-token model)
-Both ways a sample can stop in hybridrl's vLLM engine: the model's EOS, and an id in stop_token_ids."""
+Both ways a sample can stop in hybridrl's vLLM engine: the model's EOS, and an id in stop_token_ids.
+2026-11-26, H100: yes, both ways (64/64 stopped samples end with the stop id), so responses and their masks end
+with it. `PYTHONPATH=$PWD:/tmp/site VLLM_ENABLE_V1_MULTIPROCESSING=0 python3 benchmarks/probes/vllm_stop_token_probe.py`"""
 import sys
 import tempfile
 
