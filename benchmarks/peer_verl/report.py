@@ -26,6 +26,9 @@ from typing import Optional
 
 JOBS = {"smol": "SmolLM2-135M-Instruct + gsm_symbolic", "1p5b": "random Qwen2-shaped 1.5B, full-length responses"}
 PHASES = ["gen", "update_weights", "reshard", "old_log_prob", "ref", "reward", "adv", "update_actor", "step"]
+# first and last training step of each, both trainers' names: "train_score first/last" in the table
+LEARNING = {"train_score": "critic/score/mean", "kl_loss": "actor/kl_loss", "entropy": "actor/entropy",
+            "response_length": "response_length/mean", "grad_norm": "actor/grad_norm"}
 RATIO_NAME = {"smol": "step_time_vs_verl", "1p5b": "step_time_vs_verl_1.5b"}
 
 
@@ -95,9 +98,9 @@ def summarize(run_dir: str, trainer: str) -> dict:
         out["val_acc_before"], out["val_acc_after"] = val_acc(vals[0][0]), val_acc(vals[-1][0]) if len(vals) > 1 else None
         if out["val_score_after"] is not None:
             out["val_score_gain"] = out["val_score_after"] - out["val_score_before"]
-    if train:
-        out["train_score_first"] = train[0].get("critic/score/mean")
-        out["train_score_last"] = train[-1].get("critic/score/mean")
+    if train:  # how far each trainer's policy moved, beside how well it scores (learning speed, peer_verl.md)
+        for key, metric in LEARNING.items():
+            out[f"{key}_first"], out[f"{key}_last"] = train[0].get(metric), train[-1].get(metric)
     launched = _read_float(os.path.join(run_dir, "launched_at"))
     first = _read_float(os.path.join(run_dir, "first_metrics_at"))
     ended = _read_float(os.path.join(run_dir, "ended_at"))
@@ -247,7 +250,7 @@ def markdown(result: dict, device: str) -> str:
         ("start-up (s)", "startup_s"), ("wall (s)", "wall_s"), ("steps", "steps"),
         ("val score before", "val_score_before"), ("val score after", "val_score_after"),
         ("val score gain", "val_score_gain"), ("val acc before", "val_acc_before"), ("val acc after", "val_acc_after"),
-        ("train score first", "train_score_first"), ("train score last", "train_score_last")]
+    ] + [(f"{key.replace('_', ' ')} {end}", f"{key}_{end}") for key in LEARNING for end in ("first", "last")]
     for job, pair in result["jobs"].items():
         check = pair.get("val_generations")
         if check:
