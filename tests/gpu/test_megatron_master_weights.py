@@ -32,17 +32,6 @@ def hf_dir(tmp_path_factory) -> str:
     return path
 
 
-@pytest.fixture(scope="module")
-def layout():
-    from hybridrl.adapters.megatron import parallel
-    from hybridrl.config.validate import ParallelLayout
-
-    parallel.ensure_process_group(timeout_s=600)
-    lay = ParallelLayout(world_size=1, tp=1, pp=1, cp=1, vpp=None, dp=1, sequence_parallel=False, dtype="bfloat16")
-    parallel.init_megatron(lay, seed=1)
-    return lay
-
-
 def make_actor(hf_dir: str, layout):
     from hybridrl.adapters.megatron.actor import MegatronActor
     from hybridrl.config.schema.actor import ActorConfig, ModelConfig

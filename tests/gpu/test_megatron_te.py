@@ -51,17 +51,6 @@ def models(tmp_path_factory) -> dict[str, str]:
     return out
 
 
-@pytest.fixture(scope="module")
-def layout():
-    from hybridrl.adapters.megatron import parallel
-    from hybridrl.config.validate import ParallelLayout
-
-    parallel.ensure_process_group(timeout_s=600)
-    lay = ParallelLayout(world_size=1, tp=1, pp=1, cp=1, vpp=None, dp=1, sequence_parallel=False, dtype="bfloat16")
-    parallel.init_megatron(lay, seed=1)
-    return lay
-
-
 def make_batch(seed: int = 0) -> dict[str, torch.Tensor]:
     """Left-padded prompts and right-padded responses of random lengths (a GSM8K-like spread)."""
     g = torch.Generator().manual_seed(seed)
