@@ -13,6 +13,8 @@
 #   speed7b: train_bench on the 7B shape, TE + packed + recompute, the optimizer state on the host until its step
 #           (as in the hybrid engine: 137 GB at the step, ~80 GB in the forward/backward); train_mfu_7b is the
 #           forward+backward's MFU; SPEED_ARGS adds options
+#   speed7bcmp: the 7B shape's te_vs_local and packed_vs_padded (local padded, TE padded, TE packed; recompute,
+#           TOKENS-token micro-batches, 8192)
 #   agent:  tests/gpu/test_agent_vllm.py, then agent_bench.py on SmolLM2-135M (multi-turn with the calculator vs
 #           single-turn, same engine and prompts) -> results/agent_loop.json
 #   agentgrpo: AGENT_TIME_S seconds of GRPO with configs/agent_smollm2_calc.yaml (the agent loop inside the hybrid
@@ -45,7 +47,7 @@
 #      the profile's OOM, fixed since) and with it                                  ~2 min
 # The scale curve (`scale SHAPE`, one shape a call, 7b first: ~3.5 min, the others ~2 min) is done on this code.
 set -u
-MODE=${1:?usage: gpu_run.sh stage|checks|bench|gap|grpo|agent|agentgrpo|report|te|speed|speed7b|moe|moetest|scale SHAPE|scalemodel SHAPE...}
+MODE=${1:?usage: gpu_run.sh stage|checks|bench|gap|grpo|agent|agentgrpo|report|te|speed|speed7b|speed7bcmp|moe|moetest|scale SHAPE|scalemodel SHAPE...}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT/results"
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 HF_HUB_OFFLINE=1 \
@@ -193,6 +195,19 @@ trainer.default_local_dir=$OUT/agent_grpo trainer.max_time_s=${AGENT_TIME_S:-150
     [ "${RECOMPUTE_RUN:-1}" = 1 ] && step speed_7b_recompute 240 python3 benchmarks/train_bench.py $A --recompute \
       --dynamic-tokens 16384 ${SPEED_ARGS:-} --out "$OUT/results/speed_7b_recompute.json"
     grep -h "train_mfu\|peak_memory" "$OUT/results/speed_7b"*.json
+    ;;
+  speed7bcmp)
+    # issue 19's two ratios at 7B, same lease: local vs TE (both padded), then packed vs padded (both TE); every run
+    # recomputes layers and cuts micro-batches at TOKENS (8192: the padded ones grow to ~1.7x that with padding)
+    M=$(scale_model 7b)
+    A="--model-dir $M --shape 7b --lengths gsm8k --random-init --samples ${SAMPLES:-64} --skip-offload --offload-optimizer \
+--updates ${UPDATES:-3} --recompute --dynamic-tokens ${TOKENS:-8192} ${SPEED_ARGS:-}"
+    step speed_7b_local 240 python3 benchmarks/train_bench.py $A --transformer-impl local --out "$OUT/results/speed_7b_local.json"
+    step speed_7b_te 200 python3 benchmarks/train_bench.py $A --transformer-impl transformer_engine \
+      --peer "$OUT/results/speed_7b_local.json" --out "$OUT/results/speed_7b_te.json"
+    step speed_7b_te_packed 200 python3 benchmarks/train_bench.py $A --transformer-impl transformer_engine --packed \
+      --peer "$OUT/results/speed_7b_te.json" --out "$OUT/results/speed_7b_te_packed.json"
+    grep -h "_vs_\|train_mfu\|peak_memory" "$OUT"/results/speed_7b_{local,te,te_packed}.json
     ;;
   scalemodel)
     shift; for S in "$@"; do scale_model "$S"; done

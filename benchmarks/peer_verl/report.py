@@ -128,11 +128,12 @@ def summarize(run_dir: str, trainer: str) -> dict:
     allocated = [float(r["perf/max_memory_allocated_gb"]) for r in train if "perf/max_memory_allocated_gb" in r]
     if allocated:
         out["trainer_max_allocated_gb"] = max(allocated)
-    try:
-        with open(os.path.join(run_dir, "command.txt")) as f:
-            out["command"] = f.read().strip()
-    except OSError:
-        pass
+    for key in ("command", "device"):  # device.txt: the GPU's name (run.sh); pairs may come from different leases
+        try:
+            with open(os.path.join(run_dir, f"{key}.txt")) as f:
+                out[key] = f.read().strip() or None
+        except OSError:
+            pass
     return out
 
 
@@ -260,8 +261,12 @@ def markdown(result: dict, device: str) -> str:
                 lines += ["", "**The two trainers did not use the same reward**: verl's scores of its own outputs "
                           "differ from the shared reward function's, so the learning comparison is not valid."]
     for job, pair in result["jobs"].items():
-        lines += ["", f"## {JOBS[job]}", "", "| metric | verl (FSDP) | hybridrl (Megatron) | hybridrl / verl |",
-                  "| --- | --- | --- | --- |"]
+        lines += ["", f"## {JOBS[job]}", ""]
+        devices = {pair[t].get("device") for t in ("verl", "ours")} - {None}
+        if devices:
+            lines += [f"Device: {' / '.join(sorted(devices))}" + (" (**the two runs used different GPUs**)"
+                                                                   if len(devices) > 1 else ""), ""]
+        lines += ["| metric | verl (FSDP) | hybridrl (Megatron) | hybridrl / verl |", "| --- | --- | --- | --- |"]
         for label, key in rows:
             v, o = pair["verl"].get(key), pair["ours"].get(key)
             ratio = o / v if isinstance(v, (int, float)) and isinstance(o, (int, float)) and v else None
@@ -286,6 +291,9 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     result = compare(args.runs)
     device = args.device
+    per_run = sorted({p[t]["device"] for p in result["jobs"].values() for t in ("verl", "ours") if p[t].get("device")})
+    if device is None and per_run:
+        device = " / ".join(per_run)
     if device is None:
         try:
             import torch

@@ -46,6 +46,7 @@ train() {  # train NAME TRAINER JOB MODEL [PART]: one trainer's run with the GPU
     cmd=(env PYTHONPATH=$VERL_PATH VERL_FILE_LOGGER_PATH=$metrics python3 "$HERE/launch_verl.py" "${args[@]}")
   fi
   printf '%q ' "${cmd[@]}" > "$run/command.txt$sfx"
+  nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 > "$run/device.txt$sfx"
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 >> "$run/gpu_mem_mib.txt" 2>/dev/null &
   local smi=$!
   local t0; t0=$(date +%s.%N)

@@ -96,6 +96,22 @@ def test_report_files(runs, tmp_path):
     assert "| step (s/step) | 5.000 | 2.500 | 0.500 |" in md
 
 
+def test_each_job_names_the_gpus_its_runs_used(runs, tmp_path):
+    # the SmolLM2 pair and the 1.5B pair can come from different leases: each job says its own GPU
+    for name, gpu in (("verl_smol", "H100"), ("ours_smol", "H100"), ("verl_1p5b", "H200")):
+        (runs / name / "device.txt").write_text(f"NVIDIA {gpu}\n")
+    out = tmp_path / "peer_verl.json"
+    report.main(["--runs", str(runs), "--out", str(out)])
+    assert json.loads(out.read_text())["device"] == "NVIDIA H100 / NVIDIA H200"
+    md = (tmp_path / "peer_verl.md").read_text()
+    smol, big = md.split("## random Qwen2-shaped 1.5B")
+    assert "Device: NVIDIA H100\n" in smol and "different GPUs" not in smol
+    assert "Device: NVIDIA H200\n" in big
+    (runs / "ours_smol" / "device.txt").write_text("NVIDIA H200\n")
+    report.main(["--runs", str(runs), "--out", str(out)])
+    assert "**the two runs used different GPUs**" in (tmp_path / "peer_verl.md").read_text().split("## random")[0]
+
+
 def test_settings_identical_on_both_sides():
     for job in settings.JOBS:
         ours = settings.overrides("ours", job, "/m", "/o")
