@@ -5,11 +5,12 @@
 #              SmolLM2's HF folder; write the random 1.5B Qwen2 folder. Needs our bundle staged (gpu_run.sh stage).
 #   verl_smol / ours_smol:  GRPO on SmolLM2-135M-Instruct + gsm_symbolic (val before and after)
 #   ours_smol_seed (SEED=N): ours_smol with data.seed=N into $OUT/ours_smol_seedN (the learning-speed spread)
+#   ours_smol_verl_order: ours_smol on verl's prompt order (verl_order.py), unshuffled: the same prompts each step
 #   verl_1p5b / ours_1p5b:  5 GRPO steps on the random 1.5B model
 #   report:    report.py over the four runs -> $OUT/results/peer_verl.json + .md
 #   verl_JOB_1 / verl_JOB_2 (JOB smol or 1p5b): verl's run in two calls of one lease (README.md: two device calls)
 set -u
-MODE=${1:?"usage: run.sh stage|verl_smol|ours_smol|ours_smol_seed|verl_1p5b|ours_1p5b|report|verl_smol_1|verl_smol_2|verl_1p5b_1|verl_1p5b_2"}
+MODE=${1:?"usage: run.sh stage|verl_smol|ours_smol|ours_smol_seed|ours_smol_verl_order|verl_1p5b|ours_1p5b|report|verl_smol_1|verl_smol_2|verl_1p5b_1|verl_1p5b_2"}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/results"
 HERE=$PWD/benchmarks/peer_verl
 SMOL=/tmp/smol; M15=/tmp/m_1p5b
@@ -83,6 +84,12 @@ print('verl:', verl.__version__, 'torch', torch.__version__, 'transformers', tra
   ours_smol) train ours_smol ours smol "$(ours_smol_dir)" ;;
   # hybridrl's SmolLM2 run with another data order (SEED=2 ...): is verl's faster climb inside our spread?
   ours_smol_seed) OURS_ARGS="data.seed=${SEED:?set SEED} ${OURS_ARGS:-}" train "ours_smol_seed$SEED" ours smol "$(ours_smol_dir)" ;;
+  # hybridrl on verl's prompt order (verl_order.py): the same prompts at every step as verl_smol
+  ours_smol_verl_order)
+    python3 "$HERE/verl_order.py" --data benchmarks/data/gsm_symbolic/train.parquet --seed 1 --expect-rows 4096 \
+      --out /tmp/verl_order/train.parquet || exit 1
+    OURS_ARGS="data.train_files=[/tmp/verl_order/train.parquet] data.shuffle=false ${OURS_ARGS:-}" \
+      train ours_smol_verl_order ours smol "$(ours_smol_dir)" ;;
   # verl in two calls of one lease: part 1 saves every SAVE_FREQ steps and stops at its cap; part 2 resumes from
   # the last save without validating again first
   verl_smol_1|verl_1p5b_1|verl_smol_2|verl_1p5b_2)

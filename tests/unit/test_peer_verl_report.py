@@ -160,3 +160,23 @@ def test_resumed_verl_run_joins_its_parts_and_keeps_the_first_record_of_a_step(r
     assert v["val_score_after"] == pytest.approx(0.2)  # verl 0.9.1's val-aux reward key
     assert v["wall_s"] == pytest.approx(200.0 + 150.0) and v["restarts"] == 1
     assert v["restart_startup_s"] == pytest.approx(100.0)
+
+
+def test_verl_order_is_the_order_of_torchs_seeded_random_sampler(tmp_path):
+    # verl draws prompts with a seeded RandomSampler (torchdata's, the same permutation as torch's without
+    # replacement); verl_order.py must write the rows in exactly that order
+    import pandas as pd
+    import torch
+    from torch.utils.data import RandomSampler
+
+    order = _load("verl_order")
+    g = torch.Generator()
+    g.manual_seed(1)
+    expected = list(RandomSampler(range(300), generator=g))
+    assert order.verl_order(300, 1) == expected and order.verl_order(300, 2) != expected
+    src, out = tmp_path / "train.parquet", tmp_path / "o" / "train.parquet"
+    pd.DataFrame({"row": list(range(300))}).to_parquet(src)
+    order.main(["--data", str(src), "--seed", "1", "--out", str(out), "--expect-rows", "300"])
+    assert pd.read_parquet(out)["row"].tolist() == expected
+    with pytest.raises(SystemExit, match="verl kept 299"):
+        order.main(["--data", str(src), "--out", str(out), "--expect-rows", "299"])
