@@ -21,6 +21,7 @@ import argparse
 import datetime
 import json
 import os
+import re
 import statistics
 from typing import Optional
 
@@ -43,6 +44,29 @@ def read_rows(path: str) -> list[dict]:
             rec = json.loads(line)
             if isinstance(rec.get("data"), dict):
                 rec = {"step": rec.get("step"), **rec["data"]}
+            rows.append(rec)
+    return rows
+
+
+_CONSOLE_STEP = re.compile(r"\bstep:(\d+) - (.*)$")
+_NUMBER = re.compile(r"^(?:np\.\w+\()?(-?[0-9.eE+-]+|nan|inf)\)?$")
+
+
+def read_verl_console(path: str) -> list[dict]:
+    """verl's console logger lines (`step:N - key:value - ...`, run.sh's NAME.log) as records like the file
+    logger's: the fallback when a run's metrics.jsonl did not come back from the GPU host."""
+    rows = []
+    with open(path, errors="replace") as f:
+        for line in f:
+            m = _CONSOLE_STEP.search(line.rstrip("\n"))
+            if not m:
+                continue
+            rec: dict = {"step": int(m.group(1))}
+            for item in m.group(2).split(" - "):
+                key, _, text = item.partition(":")
+                number = _NUMBER.match(text.strip())
+                if key and number:
+                    rec[key.strip()] = float(number.group(1))
             rows.append(rec)
     return rows
 
@@ -76,7 +100,10 @@ def _median(xs: list[float]) -> Optional[float]:
 def summarize(run_dir: str, trainer: str) -> dict:
     metrics_path = os.path.join(run_dir, "logs", "metrics.jsonl") if trainer == "ours" else \
         os.path.join(run_dir, "metrics.jsonl")
-    rows = read_rows(metrics_path)
+    console = os.path.join(os.path.dirname(os.path.abspath(run_dir)), os.path.basename(os.path.abspath(run_dir)) + ".log")
+    from_console = trainer == "verl" and not os.path.exists(metrics_path) and os.path.exists(console)
+    # the file logger's output was lost: its console twin has the same values
+    rows = read_verl_console(console) if from_console else read_rows(metrics_path)
     if os.path.exists(metrics_path + ".2"):  # run.sh's PART 2: verl resumed from its last checkpoint
         rows += read_rows(metrics_path + ".2")
     # a resumed run repeats the steps after its last checkpoint: the first record of a step wins (the repeat is
@@ -89,6 +116,8 @@ def summarize(run_dir: str, trainer: str) -> dict:
     vals = [(r, val_score(r)) for r in rows if val_score(r) is not None]
     tail = [r for r in train if r["step"] >= 2] or train
     out: dict = {"steps": len(train)}
+    if from_console:
+        out["metrics_from"] = os.path.basename(console)
     for p in PHASES:
         out[f"{p}_s"] = _median([float(r[f"timing_s/{p}"]) for r in tail if f"timing_s/{p}" in r])
     out["tokens_per_s_per_gpu"] = _median([float(r["perf/throughput"]) for r in tail if "perf/throughput" in r])
@@ -230,7 +259,36 @@ def compare(runs: str) -> dict:
         check = pair.get("val_generations") or {}
         if "learning_parity" in check and check.get("reward_paths_agree", True):
             headline[f"learning_parity_{job}"] = check["learning_parity"]
-    return {"headline": headline, "jobs": table}
+    return {"headline": headline, "jobs": table, "spread": spread(runs)}
+
+
+RUN_PATH_KEYS = {"actor_rollout_ref.model.path", "trainer.default_local_dir", "trainer.validation_data_dir",
+                 "trainer.experiment_name"}  # where a run wrote, and the model cache's folder: not a setting
+SPREAD_KEYS = ["val_score_gain", "train_score_last", "kl_loss_last", "entropy_last", "response_length_last"]
+
+
+def spread(runs: str) -> list[dict]:
+    """verl's SmolLM2 run beside every hybridrl one (ours_smol and run.sh's ours_smol_* variants: other data
+    orders, verl's order, diagnosis overrides), each with the overrides that set it apart from ours_smol."""
+    base = os.path.join(runs, "ours_smol")
+    names = ["verl_smol", "ours_smol"] + sorted(n for n in os.listdir(runs) if n.startswith("ours_smol_")
+                                                and os.path.isdir(os.path.join(runs, n)))
+    try:
+        with open(os.path.join(base, "command.txt")) as f:
+            base_args = set(f.read().split())
+    except OSError:
+        base_args = set()
+    rows = []
+    for name in names:
+        try:
+            summary = summarize(os.path.join(runs, name), "verl" if name.startswith("verl") else "ours")
+        except FileNotFoundError:
+            continue
+        args = summary.get("command", "").split()
+        differs = [a for a in args if "=" in a and a not in base_args and a.split("=", 1)[0] not in RUN_PATH_KEYS] \
+            if name.startswith("ours_smol_") else []
+        rows.append({"run": name, "differs": differs, **{k: summary.get(k) for k in SPREAD_KEYS}})
+    return rows if len(rows) > 2 else []
 
 
 def _fmt(x, digits=3) -> str:
@@ -276,8 +334,18 @@ def markdown(result: dict, device: str) -> str:
         for trainer in ("verl", "ours"):
             if "command" in pair[trainer]:
                 lines += ["", f"{trainer}: `{pair[trainer]['command']}`"]
+            if "metrics_from" in pair[trainer]:
+                lines += ["", f"{trainer}: metrics read from its console log {pair[trainer]['metrics_from']} "
+                          "(metrics.jsonl did not come back)"]
             if "missing" in pair[trainer]:
                 lines += ["", f"{trainer}: no run ({pair[trainer]['missing']})"]
+    if result.get("spread"):
+        lines += ["", "## SmolLM2 learning: verl's run beside every hybridrl run", "",
+                  "| run | overrides beyond ours_smol | " + " | ".join(k.replace("_", " ") for k in SPREAD_KEYS) + " |",
+                  "| --- | --- |" + " --- |" * len(SPREAD_KEYS)]
+        for r in result["spread"]:
+            lines.append(f"| {r['run']} | {' '.join(r['differs']) or '-'} | "
+                         + " | ".join(_fmt(r[k]) for k in SPREAD_KEYS) + " |")
     lines += ["", "Phase mapping (verl -> hybridrl): see benchmarks/peer_verl/report.py's docstring and "
               "benchmarks/peer_verl/README.md.", ""]
     return "\n".join(lines)
@@ -303,7 +371,7 @@ def main(argv=None) -> None:
             device = "unknown"
     commands = [p[t]["command"] for p in result["jobs"].values() for t in ("verl", "ours") if "command" in p[t]]
     record = {"command": " ; ".join(commands), "device": device, "date": datetime.date.today().isoformat(),
-              "metrics": {**result["headline"], "jobs": result["jobs"]}}
+              "metrics": {**result["headline"], "jobs": result["jobs"], "smol_learning_spread": result["spread"]}}
     with open(args.out, "w") as f:
         json.dump(record, f, indent=1)
     md = markdown(result, device)

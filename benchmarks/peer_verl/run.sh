@@ -84,7 +84,7 @@ print('verl:', verl.__version__, 'torch', torch.__version__, 'transformers', tra
   ours_smol) train ours_smol ours smol "$(ours_smol_dir)" ;;
   # hybridrl's SmolLM2 run with another data order (SEED=2 ...): is verl's faster climb inside our spread?
   ours_smol_seed) OURS_ARGS="data.seed=${SEED:?set SEED} ${OURS_ARGS:-}" train "ours_smol_seed$SEED" ours smol "$(ours_smol_dir)" ;;
-  # hybridrl on verl's prompt order (verl_order.py): the same prompts at every step as verl_smol
+  # hybridrl on verl's prompt order (verl_order.py: the draw found on 2026-11-26; the run of that day used draw 0)
   ours_smol_verl_order)
     python3 "$HERE/verl_order.py" --data benchmarks/data/gsm_symbolic/train.parquet --seed 1 --expect-rows 4096 \
       --out /tmp/verl_order/train.parquet || exit 1

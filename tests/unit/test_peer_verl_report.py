@@ -163,8 +163,9 @@ def test_resumed_verl_run_joins_its_parts_and_keeps_the_first_record_of_a_step(r
 
 
 def test_verl_order_is_the_order_of_torchs_seeded_random_sampler(tmp_path):
-    # verl draws prompts with a seeded RandomSampler (torchdata's, the same permutation as torch's without
-    # replacement); verl_order.py must write the rows in exactly that order
+    # verl draws prompts with a seeded RandomSampler (torchdata's, the same permutations as torch's without
+    # replacement); its first epoch is the sampler's second pass (verl_order.py's docstring says how that was
+    # found), and verl_order.py must write the rows in exactly that order
     import pandas as pd
     import torch
     from torch.utils.data import RandomSampler
@@ -172,11 +173,45 @@ def test_verl_order_is_the_order_of_torchs_seeded_random_sampler(tmp_path):
     order = _load("verl_order")
     g = torch.Generator()
     g.manual_seed(1)
-    expected = list(RandomSampler(range(300), generator=g))
-    assert order.verl_order(300, 1) == expected and order.verl_order(300, 2) != expected
+    two_passes = list(RandomSampler(range(300), num_samples=600, generator=g))  # the generator's permutations 0, 1
+    first, expected = two_passes[:300], two_passes[300:]
+    assert order.verl_order(300, 1) == expected and order.verl_order(300, 1, draw=0) == first != expected
+    assert order.verl_order(300, 2) != expected
     src, out = tmp_path / "train.parquet", tmp_path / "o" / "train.parquet"
     pd.DataFrame({"row": list(range(300))}).to_parquet(src)
     order.main(["--data", str(src), "--seed", "1", "--out", str(out), "--expect-rows", "300"])
     assert pd.read_parquet(out)["row"].tolist() == expected
     with pytest.raises(SystemExit, match="verl kept 299"):
         order.main(["--data", str(src), "--out", str(out), "--expect-rows", "299"])
+
+
+def test_verl_console_log_stands_in_for_a_lost_metrics_file(runs):
+    # run.sh's NAME.log beside the run folder: Ray's colour prefix, numpy reprs, the line printed twice
+    os.remove(runs / "verl_1p5b" / "metrics.jsonl")
+    line = ("\x1b[36m(TaskRunnerV1 pid=1)\x1b[0m step:{s} - actor/entropy:11.625 - num_turns/min:np.int32(2) - "
+            "timing_s/step:{t} - perf/throughput:{p} - note:text\n")
+    text = "noise step: none\n" + "".join(line.format(s=s, t=t, p=100.0 * s) * 2
+                                          for s, t in ((1, 50.0), (2, 10.0), (3, 12.0), (4, 14.0)))
+    (runs / "verl_1p5b.log").write_text(text)
+    b = report.compare(str(runs))["jobs"]["1p5b"]["verl"]
+    assert b["steps"] == 4 and b["step_s"] == pytest.approx(12.0) and b["metrics_from"] == "verl_1p5b.log"
+    assert b["tokens_per_s_per_gpu"] == pytest.approx(300.0) and b["entropy_first"] == pytest.approx(11.625)
+    assert report.compare(str(runs))["jobs"]["smol"]["verl"].get("metrics_from") is None
+
+
+def test_learning_spread_lists_every_hybridrl_smol_run_with_what_sets_it_apart(runs, tmp_path):
+    assert report.compare(str(runs))["spread"] == []  # one run a side: no spread table
+    (runs / "ours_smol" / "command.txt").write_text("python3 -m hybridrl data.seed=1 lr=1e-05")
+    for name, cmd, score in (("ours_smol_seed2", "python3 -m hybridrl data.seed=1 lr=1e-05 trainer.default_local_dir=/x data.seed=2", 0.2),
+                             ("ours_smol_seed1", "python3 -m hybridrl data.seed=1 lr=1e-05 lr=2.5e-5", 0.3)):
+        _write(str(runs / name / "logs" / "metrics.jsonl"), [
+            {"step": 0, "val/score": 0.02}, {"step": 1, "timing_s/step": 2.0, "critic/score/mean": score},
+            {"step": 1, "val/score": 0.02 + score}])
+        (runs / name / "command.txt").write_text(cmd)
+    rows = report.compare(str(runs))["spread"]
+    assert [r["run"] for r in rows] == ["verl_smol", "ours_smol", "ours_smol_seed1", "ours_smol_seed2"]
+    assert rows[2]["differs"] == ["lr=2.5e-5"] and rows[3]["differs"] == ["data.seed=2"]
+    assert rows[3]["val_score_gain"] == pytest.approx(0.2) and rows[2]["train_score_last"] == pytest.approx(0.3)
+    out = tmp_path / "peer_verl.json"
+    report.main(["--runs", str(runs), "--out", str(out), "--device", "fake"])
+    assert "| ours_smol_seed1 | lr=2.5e-5 | 0.300 |" in (tmp_path / "peer_verl.md").read_text()
