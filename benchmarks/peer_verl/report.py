@@ -259,7 +259,29 @@ def compare(runs: str) -> dict:
         check = pair.get("val_generations") or {}
         if "learning_parity" in check and check.get("reward_paths_agree", True):
             headline[f"learning_parity_{job}"] = check["learning_parity"]
-    return {"headline": headline, "jobs": table, "spread": spread(runs)}
+    rows = spread(runs)
+    verdict = spread_parity(rows, (table["smol"].get("val_generations") or {}).get("verl_val_gain_se"))
+    if verdict is not None and "learning_parity_smol" in headline:
+        # several hybridrl runs that differ only in data order measure its run-to-run noise: they decide
+        headline["learning_parity_smol_single_pair"] = headline["learning_parity_smol"]
+        headline["learning_parity_smol"] = verdict
+    return {"headline": headline, "jobs": table, "spread": rows}
+
+
+DATA_ORDER_KEYS = {"data.seed", "data.train_files", "data.shuffle"}
+
+
+def spread_parity(rows: list[dict], verl_se: Optional[float]) -> Optional[bool]:
+    """Parity against hybridrl's own spread: verl's val gain within two standard deviations (hybridrl's run-to-run
+    sd over runs that differ from ours_smol only in data order, and verl's standard error) of their mean; None
+    with fewer than three such runs."""
+    verl = [r["val_score_gain"] for r in rows if r["run"] == "verl_smol" and r["val_score_gain"] is not None]
+    ours = [r["val_score_gain"] for r in rows if r["run"].startswith("ours_smol") and r["val_score_gain"] is not None
+            and all(d.split("=", 1)[0] in DATA_ORDER_KEYS for d in r["differs"])]
+    if not verl or len(ours) < 3:
+        return None
+    sd = (statistics.stdev(ours) ** 2 + (verl_se or 0.0) ** 2) ** 0.5
+    return verl[0] - statistics.mean(ours) <= 2 * sd
 
 
 RUN_PATH_KEYS = {"actor_rollout_ref.model.path", "trainer.default_local_dir", "trainer.validation_data_dir",

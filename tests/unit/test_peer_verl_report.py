@@ -215,3 +215,16 @@ def test_learning_spread_lists_every_hybridrl_smol_run_with_what_sets_it_apart(r
     out = tmp_path / "peer_verl.json"
     report.main(["--runs", str(runs), "--out", str(out), "--device", "fake"])
     assert "| ours_smol_seed1 | lr=2.5e-5 | 0.300 |" in (tmp_path / "peer_verl.md").read_text()
+
+
+def test_parity_is_judged_against_hybridrls_own_spread_when_several_data_orders_ran():
+    rows = [{"run": "verl_smol", "differs": [], "val_score_gain": 0.099},
+            {"run": "ours_smol", "differs": [], "val_score_gain": 0.084},
+            {"run": "ours_smol_seed2", "differs": ["data.seed=2"], "val_score_gain": 0.076},
+            {"run": "ours_smol_lr", "differs": ["actor_rollout_ref.actor.optim.lr=2.5e-5"], "val_score_gain": 0.102}]
+    assert report.spread_parity(rows, 0.005) is None  # two data orders are not a spread; the lr run is not one
+    rows.append({"run": "ours_smol_seed3", "differs": ["data.seed=3"], "val_score_gain": 0.075})
+    # mean 0.0783, sd 0.0049 (with verl's se 0.005: 0.0070): verl is 0.0207 above, more than two of them
+    assert report.spread_parity(rows, 0.005) is False
+    rows[0]["val_score_gain"] = 0.090
+    assert report.spread_parity(rows, 0.005) is True
