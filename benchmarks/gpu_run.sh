@@ -35,16 +35,13 @@
 #           the table the report prints). SCALE_ARGS: extra trainer overrides. CPU=1 PY=.venv/bin/python: the dry
 #           run of the same row on the tiny model (torch engine, trainer.device=cpu, 4x4 samples of 16 tokens, 3 steps)
 #   scalemodel SHAPE...: only build /tmp/m_SHAPE for each shape (e.g. 7b beside `stage`, to keep `scale 7b` short)
-# Issue 19, what is left after the 2026-11-26 H200 lease (megatron_speed.md, megatron_scale.md), on one lease
-# (an H100 does for the 1.5B runs; the 7B ones need needs_h200), with R=$OUT of the device call and OUT=/tmp/res for
-# the runner; call times measured on 2026-11-26, back to back (the machine goes cold after about 30 s idle):
-#   1. the 5 bundle carries (p_0..p_4 + zs), unpack in the last                      ~1 min
-#   2. transformer-engine: the .gpu/te parts one per call (bundle.sh now packs the wheel built on 2026-11-26, so
-#      nothing compiles), `bash benchmarks/te/install.sh /tmp/site`                 ~1.5 min
-#   3. `SHAPE=1.5b SPEED_ARGS="--dynamic-tokens 6144" speed`: local, TE, TE packed (profiled), and FP8 (tensorwise,
-#      delayed) for the FP8 speed-up                                                 ~3 min
-#   4. `speed7b`: the 7B shape without recompute (8192-token micro-batches; its 2026-11-26 run lost its result to
-#      the profile's OOM, fixed since) and with it                                  ~2 min
+# Issue 19's runs of 2026-11-26 (megatron_speed.md), one H200 lease with needs_h200 (the 1.5B runs fit an H100),
+# calls back to back (the machine goes cold after about 30 s idle), with R=$OUT of the device call and OUT=/tmp/res:
+#   1. the 5 bundle carries (p_0..p_4 + zs, and .gpu/m_7b), unpack in the last                 ~1 min
+#   2. the six .gpu/te parts one per call into /tmp/b/te, `bash benchmarks/te/install.sh /tmp/site` (prebuilt)
+#   3. `SHAPE=1.5b SPEED_ARGS="--dynamic-tokens 6144" speed` (local, TE, TE packed, FP8 delayed + tensorwise) ~3 min
+#   4. `speed7b` (no recompute, 8192-token micro-batches, profiled; recompute 16384)                   ~2.3 min
+#   5. `speed7bcmp` (local padded, TE padded, TE packed; recompute, 8192)                               ~3 min
 # The scale curve (`scale SHAPE`, one shape a call, 7b first: ~3.5 min, the others ~2 min) is done on this code.
 set -u
 MODE=${1:?usage: gpu_run.sh stage|checks|bench|gap|grpo|agent|agentgrpo|report|te|speed|speed7b|speed7bcmp|moe|moetest|scale SHAPE|scalemodel SHAPE...}
