@@ -293,7 +293,8 @@ def spread(runs: str) -> list[dict]:
     """verl's SmolLM2 run beside every hybridrl one (ours_smol and run.sh's ours_smol_* variants: other data
     orders, verl's order, diagnosis overrides), each with the overrides that set it apart from ours_smol."""
     base = os.path.join(runs, "ours_smol")
-    names = ["verl_smol", "ours_smol"] + sorted(n for n in os.listdir(runs) if n.startswith("ours_smol_")
+    found = os.listdir(runs) if os.path.isdir(runs) else []
+    names = ["verl_smol", "ours_smol"] + sorted(n for n in found if n.startswith("ours_smol_")
                                                 and os.path.isdir(os.path.join(runs, n)))
     try:
         with open(os.path.join(base, "command.txt")) as f:
