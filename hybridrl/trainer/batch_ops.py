@@ -31,28 +31,38 @@ def add_group_ids(prompts: DataProto) -> DataProto:
     return prompts.union(DataProto.from_dict(non_tensors={"uid": uids}))
 
 
-def balance_order(token_counts: list[int], parts: int) -> list[int]:
+def balance_order(token_counts: list[int], parts: int, sort_by_length: bool = False) -> list[int]:
     """A row order that gives each of `parts` consecutive equal chunks a similar token total.
 
     Greedy longest-first into the lightest chunk that still has room (chunks hold len/parts rows),
-    so every dp rank gets the same number of rows and nearly the same number of tokens.
+    so every dp rank gets the same number of rows and nearly the same number of tokens. Within a chunk the
+    rows keep their rollout order, so a GRPO group stays in one mini-batch; `sort_by_length` orders them as
+    verl 0.9.1 does instead (`length_interleaved`), also with one chunk.
     """
     n = len(token_counts)
-    if parts <= 1 or n % parts:
+    if n % max(parts, 1):
         return list(range(n))
-    size = n // parts
-    bins: list[list[int]] = [[] for _ in range(parts)]
-    loads = [0] * parts
+    size = n // max(parts, 1)
+    bins: list[list[int]] = [[] for _ in range(max(parts, 1))]
+    loads = [0] * len(bins)
     for i in sorted(range(n), key=lambda i: -token_counts[i]):
-        k = min((k for k in range(parts) if len(bins[k]) < size), key=lambda k: loads[k])
+        k = min((k for k in range(len(bins)) if len(bins[k]) < size), key=lambda k: loads[k])
         bins[k].append(i)
         loads[k] += token_counts[i]
-    return [i for b in bins for i in sorted(b)]
+    return [i for b in bins for i in (length_interleaved(b, token_counts) if sort_by_length else sorted(b))]
 
 
-def balance_batch(batch: DataProto, dp_size: int) -> tuple[DataProto, dict[str, float]]:
+def length_interleaved(rows: list[int], token_counts: list[int]) -> list[int]:
+    """verl's order within one dp rank (ray_trainer._balance_batch): rows sorted by length, every other one
+    ascending, then the rest descending, so short micro-batches sit at both ends. Alternate ranks send a sample
+    to the first or the second half about at random: two mini-batches each get about half of every GRPO group."""
+    ranked = sorted(rows, key=lambda i: (token_counts[i], i))
+    return ranked[::2] + ranked[1::2][::-1]
+
+
+def balance_batch(batch: DataProto, dp_size: int, sort_by_length: bool = False) -> tuple[DataProto, dict[str, float]]:
     tokens = batch.batch["attention_mask"].sum(-1).tolist()
-    order = balance_order(tokens, dp_size)
+    order = balance_order(tokens, dp_size, sort_by_length)
     if dp_size > 1 and len(batch) % dp_size == 0:
         per_rank = np.add.reduceat(np.asarray(tokens)[order], np.arange(0, len(batch), len(batch) // dp_size))
         metrics = {"balance/max_over_mean_tokens": float(per_rank.max() / max(per_rank.mean(), 1))}

@@ -146,7 +146,7 @@ class PPOTrainer:
     def balance(self, batch: DataProto, metrics: dict[str, float]) -> DataProto:
         if not self.cfg.trainer.balance_batch:
             return batch
-        batch, m = ops.balance_batch(batch, self.d.actor.dp)
+        batch, m = ops.balance_batch(batch, self.d.actor.dp, self.cfg.trainer.balance_batch_sort)
         metrics.update(m)
         return batch
 

@@ -10,6 +10,10 @@ from .common import doc
 @dataclass(frozen=True)
 class TrainerConfig:
     balance_batch: bool = doc("Reorder samples so every dp rank gets a similar token count.", True)
+    balance_batch_sort: bool = doc(
+        "With balance_batch, also order each dp rank's samples by length, short ones at both ends, as verl 0.9.1 "
+        "does (at dp=1 too): its mini-batches then hold about half of every GRPO group. Off: samples keep the "
+        "rollout order and a group stays in one mini-batch.", False)
     total_epochs: int = 30
     total_training_steps: Optional[int] = doc("null: epochs x batches per epoch.", None)
     project_name: str = "verl_examples"
