@@ -21,37 +21,15 @@ if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
 pytest.importorskip("megatron.core")
 
-SHAPE = dict(vocab_size=1024, hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
-             num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True)
+# the tiny bf16 Qwen2, the actor and its main params come from the master-weights test
+from test_megatron_master_weights import SHAPE, main_and_model, make_actor, save_tiny_qwen2  # noqa: E402
+
 LR, WD, CLIP, SAMPLES, MINI, PROMPT, RESPONSE, UPDATES = 1e-5, 0.01, 0.2, 16, 8, 32, 64, 5
 
 
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory) -> str:
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    path = str(tmp_path_factory.mktemp("qwen2_tiny_adam"))
-    torch.manual_seed(0)
-    Qwen2ForCausalLM(Qwen2Config(**SHAPE)).to(torch.bfloat16).save_pretrained(path)
-    return path
-
-
-def make_actor(hf_dir: str, layout):
-    from hybridrl.adapters.megatron.actor import MegatronActor
-    from hybridrl.config.schema.actor import ActorConfig, ModelConfig
-    from hybridrl.config.schema.common import MegatronConfig, OptimConfig
-    from hybridrl.config.validate import BatchPlan
-
-    cfg = ActorConfig(ppo_mini_batch_size=MINI, ppo_micro_batch_size_per_gpu=MINI, loss_agg_mode="token-mean",
-                      clip_ratio=CLIP, optim=OptimConfig(lr=LR, weight_decay=WD, clip_grad=1.0, lr_warmup_steps=-1,
-                                                         lr_warmup_steps_ratio=0.0, total_training_steps=100),
-                      megatron=MegatronConfig(use_distributed_optimizer=True, sequence_parallel=False, seed=1,
-                                              transformer_impl="local"))
-    plan = BatchPlan(samples_per_step=SAMPLES, mini_batch_samples=MINI, mini_batches_per_epoch=SAMPLES // MINI,
-                     ppo_epochs=1, mini_batch_per_dp=MINI, micro_batch_per_gpu=MINI, grad_accum=1,
-                     use_dynamic_bsz=False, max_token_len_per_gpu=4096, forward_micro_batch_per_gpu=MINI,
-                     forward_max_token_len_per_gpu=4096)
-    return MegatronActor(ModelConfig(path=hf_dir), cfg, layout, plan)
+    return save_tiny_qwen2(str(tmp_path_factory.mktemp("qwen2_tiny_adam")))
 
 
 def make_batch(update: int) -> dict[str, torch.Tensor]:
@@ -65,12 +43,7 @@ def make_batch(update: int) -> dict[str, torch.Tensor]:
 
 
 def main_params(actor) -> torch.Tensor:
-    mains = []
-    opt = actor.engine.optimizer
-    for o in getattr(opt, "chained_optimizers", [opt]):
-        for group in o.shard_fp32_from_float16_groups:
-            mains += [p.detach().float().flatten().cpu() for p in group]
-    return torch.cat(mains)
+    return main_and_model(actor)[0]
 
 
 def megatron_distances(actor) -> list[float]:
@@ -125,7 +98,8 @@ def reference_distances(hf_dir: str) -> list[float]:
 
 
 def test_weights_travel_as_far_as_torch_adamw_moves_them(hf_dir, layout):
-    ours = megatron_distances(make_actor(hf_dir, layout))
+    ours = megatron_distances(make_actor(hf_dir, layout, samples=SAMPLES, mini=MINI, micro=MINI, lr=LR,
+                                         weight_decay=WD, clip_ratio=CLIP))
     torch.cuda.empty_cache()
     ref = reference_distances(hf_dir)
     ratios = [o / r for o, r in zip(ours, ref)]

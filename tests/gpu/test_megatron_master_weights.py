@@ -22,30 +22,39 @@ SHAPE = dict(vocab_size=1024, hidden_size=256, intermediate_size=768, num_hidden
 LR, SAMPLES, PROMPT, RESPONSE, UPDATES = 1e-5, 16, 32, 64, 4
 
 
-@pytest.fixture(scope="module")
-def hf_dir(tmp_path_factory) -> str:
+def save_tiny_qwen2(path: str) -> str:
+    """The tiny bf16 Qwen2 (tied embeddings) of SHAPE, seed 0, as an HF folder at path."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    path = str(tmp_path_factory.mktemp("qwen2_tiny"))
     torch.manual_seed(0)
     Qwen2ForCausalLM(Qwen2Config(**SHAPE)).to(torch.bfloat16).save_pretrained(path)
     return path
 
 
-def make_actor(hf_dir: str, layout):
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory) -> str:
+    return save_tiny_qwen2(str(tmp_path_factory.mktemp("qwen2_tiny")))
+
+
+def make_actor(hf_dir: str, layout, *, samples: int = SAMPLES, mini: int = SAMPLES, micro: int = 8, lr: float = LR,
+               weight_decay: float = 0.0, clip_ratio: float = 0.2):
+    """A bf16 megatron actor (local spec, distributed optimizer) taking samples // mini optimizer steps an update;
+    test_megatron_adam_trajectory builds its actor here too."""
     from hybridrl.adapters.megatron.actor import MegatronActor
     from hybridrl.config.schema.actor import ActorConfig, ModelConfig
     from hybridrl.config.schema.common import MegatronConfig, OptimConfig
     from hybridrl.config.validate import BatchPlan
 
-    cfg = ActorConfig(ppo_mini_batch_size=SAMPLES, ppo_micro_batch_size_per_gpu=8, loss_agg_mode="token-mean",
-                      optim=OptimConfig(lr=LR, weight_decay=0.0, clip_grad=1.0, lr_warmup_steps=-1,
+    cfg = ActorConfig(ppo_mini_batch_size=mini, ppo_micro_batch_size_per_gpu=micro, loss_agg_mode="token-mean",
+                      clip_ratio=clip_ratio,
+                      optim=OptimConfig(lr=lr, weight_decay=weight_decay, clip_grad=1.0, lr_warmup_steps=-1,
                                         lr_warmup_steps_ratio=0.0, total_training_steps=100),
                       megatron=MegatronConfig(use_distributed_optimizer=True, sequence_parallel=False, seed=1,
                                               transformer_impl="local"))
-    plan = BatchPlan(samples_per_step=SAMPLES, mini_batch_samples=SAMPLES, mini_batches_per_epoch=1, ppo_epochs=1,
-                     mini_batch_per_dp=SAMPLES, micro_batch_per_gpu=8, grad_accum=SAMPLES // 8, use_dynamic_bsz=False,
-                     max_token_len_per_gpu=4096, forward_micro_batch_per_gpu=8, forward_max_token_len_per_gpu=4096)
+    plan = BatchPlan(samples_per_step=samples, mini_batch_samples=mini, mini_batches_per_epoch=samples // mini,
+                     ppo_epochs=1, mini_batch_per_dp=mini, micro_batch_per_gpu=micro, grad_accum=mini // micro,
+                     use_dynamic_bsz=False, max_token_len_per_gpu=4096, forward_micro_batch_per_gpu=micro,
+                     forward_max_token_len_per_gpu=4096)
     return MegatronActor(ModelConfig(path=hf_dir), cfg, layout, plan)
 
 
