@@ -259,7 +259,7 @@ def compare(runs: str) -> dict:
         check = pair.get("val_generations") or {}
         if "learning_parity" in check and check.get("reward_paths_agree", True):
             headline[f"learning_parity_{job}"] = check["learning_parity"]
-    rows = spread(runs)
+    rows = spread(runs, {f"{t}_smol": table["smol"][t] for t in ("verl", "ours") if "missing" not in table["smol"][t]})
     verdict = spread_parity(rows, (table["smol"].get("val_generations") or {}).get("verl_val_gain_se"))
     if verdict is not None and "learning_parity_smol" in headline:
         # several hybridrl runs that differ only in data order measure its run-to-run noise: they decide
@@ -289,9 +289,10 @@ RUN_PATH_KEYS = {"actor_rollout_ref.model.path", "trainer.default_local_dir", "t
 SPREAD_KEYS = ["val_score_gain", "train_score_last", "kl_loss_last", "entropy_last", "response_length_last"]
 
 
-def spread(runs: str) -> list[dict]:
+def spread(runs: str, summarized: dict[str, dict]) -> list[dict]:
     """verl's SmolLM2 run beside every hybridrl one (ours_smol and run.sh's ours_smol_* variants: other data
-    orders, verl's order, diagnosis overrides), each with the overrides that set it apart from ours_smol."""
+    orders, verl's order, diagnosis overrides), each with the overrides that set it apart from ours_smol.
+    `summarized`: runs compare() has read already, by folder name."""
     base = os.path.join(runs, "ours_smol")
     found = os.listdir(runs) if os.path.isdir(runs) else []
     names = ["verl_smol", "ours_smol"] + sorted(n for n in found if n.startswith("ours_smol_")
@@ -303,10 +304,12 @@ def spread(runs: str) -> list[dict]:
         base_args = set()
     rows = []
     for name in names:
-        try:
-            summary = summarize(os.path.join(runs, name), "verl" if name.startswith("verl") else "ours")
-        except FileNotFoundError:
-            continue
+        summary = summarized.get(name)
+        if summary is None:
+            try:
+                summary = summarize(os.path.join(runs, name), "verl" if name.startswith("verl") else "ours")
+            except FileNotFoundError:
+                continue
         args = summary.get("command", "").split()
         differs = [a for a in args if "=" in a and a not in base_args and a.split("=", 1)[0] not in RUN_PATH_KEYS] \
             if name.startswith("ours_smol_") else []
