@@ -5,12 +5,13 @@
 #              SmolLM2's HF folder; write the random 1.5B Qwen2 folder. Needs our bundle staged (gpu_run.sh stage).
 #   verl_smol / ours_smol:  GRPO on SmolLM2-135M-Instruct + gsm_symbolic (val before and after)
 #   ours_smol_seed (SEED=N): ours_smol with data.seed=N into $OUT/ours_smol_seedN (the learning-speed spread)
+#   verl_smol_seed (SEED=N): verl_smol with data.seed=N into $OUT/verl_smol_seedN (verl's spread)
 #   ours_smol_verl_order: ours_smol on verl's prompt order (verl_order.py), unshuffled: the same prompts each step
 #   verl_1p5b / ours_1p5b:  5 GRPO steps on the random 1.5B model
 #   report:    report.py over the four runs -> $OUT/results/peer_verl.json + .md
 #   verl_JOB_1 / verl_JOB_2 (JOB smol or 1p5b): verl's run in two calls of one lease (README.md: two device calls)
 set -u
-MODE=${1:?"usage: run.sh stage|verl_smol|ours_smol|ours_smol_seed|ours_smol_verl_order|verl_1p5b|ours_1p5b|report|verl_smol_1|verl_smol_2|verl_1p5b_1|verl_1p5b_2"}
+MODE=${1:?"usage: run.sh stage|verl_smol|ours_smol|ours_smol_seed|verl_smol_seed|ours_smol_verl_order|verl_1p5b|ours_1p5b|report|verl_smol_1|verl_smol_2|verl_1p5b_1|verl_1p5b_2"}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/results"
 HERE=$PWD/benchmarks/peer_verl
 SMOL=/tmp/smol; M15=/tmp/m_1p5b
@@ -84,6 +85,8 @@ print('verl:', verl.__version__, 'torch', torch.__version__, 'transformers', tra
   ours_smol) train ours_smol ours smol "$(ours_smol_dir)" ;;
   # hybridrl's SmolLM2 run with another data order (SEED=2 ...): is verl's faster climb inside our spread?
   ours_smol_seed) OURS_ARGS="data.seed=${SEED:?set SEED} ${OURS_ARGS:-}" train "ours_smol_seed$SEED" ours smol "$(ours_smol_dir)" ;;
+  # verl's SmolLM2 run with another data order: verl's own run-to-run spread, beside hybridrl's
+  verl_smol_seed) VERL_ARGS="data.seed=${SEED:?set SEED} ${VERL_ARGS:-}" train "verl_smol_seed$SEED" verl smol "$(ours_smol_dir)" ;;
   # hybridrl on verl's prompt order (verl_order.py: the draw found on 2026-11-26; the run of that day used draw 0)
   ours_smol_verl_order)
     python3 "$HERE/verl_order.py" --data benchmarks/data/gsm_symbolic/train.parquet --seed 1 --expect-rows 4096 \
