@@ -231,6 +231,47 @@ def build_scheduler(optimizer: Any, optim: OptimConfig, total_training_steps: Op
     )
 
 
+def main_param_writer(optimizer: Any) -> Callable[[torch.nn.Parameter, torch.Tensor], bool]:
+    """`write(model_param, full)`: set the fp32 main param (this rank's shard of it under the distributed
+    optimizer) of a bf16/fp16 model param from `full`, a tensor of the model param's shape; False for a param
+    without a separate main param (float32 params are their own).
+
+    Why: megatron builds its main params by copying the model params, so a float32 checkpoint loaded into bf16
+    params starts its master weights on the bf16 grid. There, a weight's bf16 value stays put until the Adam
+    steps add up to half a bf16 step (about 49 steps of lr 1e-5 for SmolLM2's median weight), while an fp32
+    master holding the checkpoint's own values moves the bf16 weights in proportion from the first step, as an
+    fp32 trainer (verl's FSDP) does. benchmarks/results/peer_verl.md shows the 2x slower climb it caused."""
+    targets: dict[int, tuple[torch.Tensor, Optional[slice]]] = {}
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        config = getattr(opt, "config", None)
+        if type(getattr(opt, "optimizer", None)).__name__ == "HybridDeviceOptimizer" or \
+                getattr(config, "use_precision_aware_optimizer_no_fp8_or_ds_fp8", False):
+            continue  # the master weights live inside that optimizer (megatron does not reach them either)
+        if hasattr(opt, "shard_fp32_from_float16_groups"):  # DistributedOptimizer: a range of the flat param
+            for models, mains in zip(opt.model_float16_groups, opt.shard_fp32_from_float16_groups):
+                for p, main in zip(models, mains):
+                    r = opt._get_model_param_range_map(p)["param"]
+                    targets[id(p)] = (main, slice(r.start, r.end))
+        elif hasattr(opt, "fp32_from_float16_groups"):  # Float16OptimizerWithFloat16Params: whole params
+            for models, mains in zip(opt.float16_groups, opt.fp32_from_float16_groups):
+                for p, main in zip(models, mains):
+                    targets[id(p)] = (main, None)
+
+    @torch.no_grad()
+    def write(param: torch.nn.Parameter, full: torch.Tensor) -> bool:
+        target = targets.get(id(param))
+        if target is None:
+            return False
+        main, span = target
+        if tuple(full.shape) != tuple(param.shape):
+            raise AssertionError(f"main_param_writer: {tuple(full.shape)} for a param of {tuple(param.shape)}")
+        src = full.to(main.device, torch.float32)
+        main.copy_(src.reshape(-1)[span] if span is not None else src.reshape(main.shape))
+        return True
+
+    return write
+
+
 @torch.no_grad()
 def optimizer_step(optimizer: Any, clip_grad: float) -> tuple[float, bool]:
     """megatron's ChainedOptimizer.step, but the grad norm is always computed (also with clip_grad=0)

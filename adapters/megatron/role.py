@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import logging
 import math
 from typing import Any, Collection, Iterator, Optional
@@ -17,9 +18,9 @@ from hybridrl.config.validate import ParallelLayout
 from . import checkpoint, offload, parallel
 from .batching import micro_batches, mini_batch_rows, row_lengths, split_tokens
 from .builder import build_model
-from .engine import Engine, broadcast_from_last_stage, max_over_dp, sum_over_dp
+from .engine import Engine, broadcast_from_last_stage, main_param_writer, max_over_dp, sum_over_dp
 from .hf_config import arch_from_hf, load_hf_config
-from .weights import export_hf_weights, load_hf_weights, local_regions
+from .weights import export_hf_weights, load_hf_weights, local_regions, loses_precision
 
 log = logging.getLogger(__name__)
 
@@ -46,14 +47,38 @@ class MegatronRole:
         chunks = build_model(self.arch, layout, value_head=value_head, seed=megatron.seed,
                              init_std=getattr(self.hf_config, "initializer_range", 0.02), recompute=recompute,
                              overrides=overrides, transformer_impl=megatron.transformer_impl)
+        rounded: list[torch.nn.Parameter] = []  # params whose checkpoint values their dtype cannot hold
         if load_weight:
-            load_hf_weights(chunks, hf_path, self.arch, layout, value_head=value_head)
+            load_hf_weights(chunks, hf_path, self.arch, layout, value_head=value_head,
+                            into=functools.partial(_load_noting_rounding, rounded))
         self.engine = Engine(chunks, layout, optim, megatron.use_distributed_optimizer and optim is not None,
                              total_training_steps, megatron.override_ddp_config)
+        if rounded and self.engine.optimizer is not None:
+            self._master_weights_from_checkpoint(len(rounded))
         self.updates = 0  # update calls so far (the LR scheduler counts the same steps)
         self._offloaded = offload.State()
         self._optimizer_onload_s = 0.0  # the deferred optimizer onloads of the current update (ModelRole.onload)
         self._regions: Optional[list[WeightRegion]] = None  # weight_regions(), built on first use
+
+    def _master_weights_from_checkpoint(self, rounded: int) -> None:
+        """The fp32 master weights take the checkpoint's own (float32) values, not their bf16 rounding: a second
+        read of this rank's shards, only for checkpoints finer than the params (engine.main_param_writer: why)."""
+        write = main_param_writer(self.engine.optimizer)
+        written = [0]
+
+        def into(param: torch.nn.Parameter, shard: torch.Tensor) -> None:
+            written[0] += bool(write(param, shard))
+
+        load_hf_weights(self.engine.chunks, self.hf_path, self.arch, self.layout,
+                        value_head=self.value_head, into=into)
+        if written[0]:
+            log.info("%s: %d tensors of %s hold values bf16 rounds away; the fp32 master weights start from the "
+                     "checkpoint's values (%d set)", self.role, rounded, self.hf_path, written[0])
+        else:
+            log.warning("%s: %d tensors of %s hold values bf16 rounds away, and this optimizer keeps its master "
+                        "weights where they cannot be set: they start from the bf16 rounding, and small updates "
+                        "move the bf16 weights only once they add up to half a bf16 step", self.role, rounded,
+                        self.hf_path)
 
     # ---------------------------------------------------------------------------------- interface
     def dispatch_info(self) -> DispatchInfo:
@@ -179,6 +204,14 @@ class MegatronRole:
             for mb, m in zip(micro_batches, per_micro):
                 out[mb.rows] = m[key].detach().float().cpu()
         return broadcast_from_last_stage(out, shape, torch.float32).cpu()
+
+
+def _load_noting_rounding(rounded: list, param: torch.nn.Parameter, shard: torch.Tensor) -> None:
+    """load_hf_weights' copy, noting the params whose dtype rounds the checkpoint's values."""
+    if loses_precision(param, shard):
+        rounded.append(param)
+    with torch.no_grad():
+        param.copy_(shard)
 
 
 def _with_overrides(hf_config: Any, overrides: dict) -> Any:

@@ -1,6 +1,8 @@
 """Moving weights between a HuggingFace folder and this rank's megatron chunks, through mapping.py.
 
 `load_hf_weights` (import): each rank reads only the tensors (and rows/columns) of its own shards.
+`loses_precision`: whether a checkpoint tensor holds values the (bf16) parameter cannot (role.py then starts the
+fp32 master weights from the checkpoint's values).
 `export_hf_weights` (export, collective over all ranks of the role): bucket by bucket in the fixed
 plan order (never the whole model at once), the owning pipeline stage all-gathers the tp shards
 (several parameters per collective) and un-fuses them into HF tensors, then broadcasts them over the
@@ -15,7 +17,7 @@ for the rollout's direct copy when the engine's layout matches the training layo
 from __future__ import annotations
 
 import math
-from typing import Collection, Iterator, Optional
+from typing import Callable, Collection, Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -69,10 +71,13 @@ def _split_rank(entry: Entry, tp_rank: int) -> int:
 
 
 def load_hf_weights(chunks: list[torch.nn.Module], hf_dir: str, arch: ModelArch, layout: ParallelLayout,
-                    value_head: bool = False, reader: Optional[SafetensorsReader] = None) -> int:
+                    value_head: bool = False, reader: Optional[SafetensorsReader] = None,
+                    into: Optional[Callable[[torch.nn.Parameter, torch.Tensor], None]] = None) -> int:
     """Copy this rank's shards from the HF safetensors in `hf_dir`; returns the number of tensors set.
 
     Call before building the optimizer (the distributed optimizer copies params into its fp32 shards).
+    `into(param, shard)` receives each shard in the checkpoint's dtype instead of the copy into `param`
+    (role.py: the fp32 master weights of a float32 checkpoint).
     Raises with the tensor, file and expected shape when the folder does not match the config.
     """
     reader = reader or SafetensorsReader(hf_dir)
@@ -91,13 +96,25 @@ def load_hf_weights(chunks: list[torch.nn.Module], hf_dir: str, arch: ModelArch,
         shard = hf_to_shard(entry, reader, arch, _split_rank(entry, tp_rank), topo.split(entry))
         if tuple(shard.shape) != tuple(param.shape):
             raise AssertionError(f"mapping bug: {entry.mcore} shard {tuple(shard.shape)} vs param {tuple(param.shape)}")
-        with torch.no_grad():
-            param.copy_(shard)
+        if into is not None:
+            into(param, shard)
+        else:
+            with torch.no_grad():
+                param.copy_(shard)
         assigned.add((entry.vp_stage, entry.mcore))
     missing = [f"chunk {v}: {n}" for v, p in enumerate(params) for n in p if (v, n) not in assigned]
     if missing:
         raise AssertionError(f"mapping bug: parameters with no HF source: {missing}")
     return len(assigned)
+
+
+def loses_precision(param: torch.Tensor, shard: torch.Tensor) -> bool:
+    """The checkpoint's `shard` has values that `param`'s dtype rounds away (a float32 checkpoint, bf16 params)."""
+    if not (shard.is_floating_point() and param.is_floating_point()):
+        return False
+    if torch.finfo(shard.dtype).eps >= torch.finfo(param.dtype).eps:
+        return False
+    return not torch.equal(shard.to(param.dtype).to(shard.dtype), shard)
 
 
 def _param(params: list[dict[str, torch.nn.Parameter]], entry: Entry) -> torch.nn.Parameter:
