@@ -398,6 +398,7 @@ def main(argv=None) -> None:
     commands = [p[t]["command"] for p in result["jobs"].values() for t in ("verl", "ours") if "command" in p[t]]
     record = {"command": " ; ".join(commands), "device": device, "date": datetime.date.today().isoformat(),
               "metrics": {**result["headline"], "jobs": result["jobs"], "smol_learning_spread": result["spread"]}}
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(record, f, indent=1)
     md = markdown(result, device)
