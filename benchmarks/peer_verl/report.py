@@ -100,7 +100,7 @@ def _median(xs: list[float]) -> Optional[float]:
 def summarize(run_dir: str, trainer: str) -> dict:
     metrics_path = os.path.join(run_dir, "logs", "metrics.jsonl") if trainer == "ours" else \
         os.path.join(run_dir, "metrics.jsonl")
-    console = os.path.join(os.path.dirname(os.path.abspath(run_dir)), os.path.basename(os.path.abspath(run_dir)) + ".log")
+    console = os.path.abspath(run_dir) + ".log"  # run.sh's NAME.log beside the run's folder NAME
     from_console = trainer == "verl" and not os.path.exists(metrics_path) and os.path.exists(console)
     # the file logger's output was lost: its console twin has the same values
     rows = read_verl_console(console) if from_console else read_rows(metrics_path)
