@@ -59,9 +59,9 @@ source "$(dirname "$0")/run_lib.sh"
 # with `hybridrl plan` (its numbers for each row are in the run folder's plan.json). All rows pack sequences and cut
 # micro-batches by tokens (scale_common); the budget shrinks with the model's state. 7b: 7.6B params x (2 bf16
 # params + 4 fp32 grads + 12 Adam/fp32 master) = 137 GB is only on the GPU for the optimizer step (actor_step,
-# 130.7 GiB with the overhead): the hybrid engine keeps the optimizer state on the host from the rollout until the
-# update's first optimizer step (weight_sync.py, step 9), so the log-prob passes and the forward/backward run
-# without it; layers are recomputed. Keep the grads in fp32: bf16 grads (grad_reduce_in_fp32=false) save 15 GB in
+# 130.7 GiB with the overhead): with optimizer_offload=true the hybrid engine keeps the optimizer state on the host
+# from the rollout until the update's first optimizer step (weight_sync.py, step 9), so the log-prob passes and the
+# forward/backward run without it; layers are recomputed. Keep the grads in fp32: bf16 grads (grad_reduce_in_fp32=false) save 15 GB in
 # the backward but the distributed optimizer copies them to fp32 for the step (+30 GB: OOM on 2026-11-25,
 # benchmarks/results/adam_mem.md). The reference is off (use_kl_loss=false) for the host's sake: the optimizer state
 # pins 91 GB of its 125 GiB, and megatron's CPU optimizer offload ran the host out of memory (megatron_scale.md).
@@ -75,7 +75,8 @@ scale_shape_args() {
     1.5b) echo "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=8192" ;;
     3b)   echo "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=8192" ;;
     7b)   echo "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096 actor_rollout_ref.model.enable_gradient_checkpointing=true \
-actor_rollout_ref.actor.use_kl_loss=false actor_rollout_ref.actor.load_weight=false" ;;
+actor_rollout_ref.actor.use_kl_loss=false actor_rollout_ref.actor.load_weight=false \
+actor_rollout_ref.actor.megatron.optimizer_offload=true" ;;
     *) return 1 ;;
   esac
 }

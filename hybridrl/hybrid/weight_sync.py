@@ -3,7 +3,9 @@
 Ordering (every rank runs it; the export is collective, so all ranks take the same steps):
 
   push(step)
-    1. actor.offload(optimizer, grads)       free training-only memory before the engine takes any
+    1. actor.offload(grads[, optimizer])     free training-only memory before the engine takes any: the grads
+                                             are released (zeroed again on onload, nothing is copied); the
+                                             optimizer state goes to the host only with optimizer_offload
     1b. barrier                              ranks start the sync together (the wait is timed on its own)
     2. engine.wake_up(["weights"])           re-allocate the engine's weight buffers
     3a. direct.run()                         weights proven copyable (direct.py): actor shard views ->
@@ -22,10 +24,11 @@ Ordering (every rank runs it; the export is collective, so all ranks take the sa
   (generate)
   release()
     8. engine.sleep()                        when free_cache_engine: free weights + KV cache
-    9. actor.onload(params of 6, grads)      training state back for log-probs and the update; the optimizer
-                                             state stays on the host until the update's first optimizer step
-                                             brings it back (ModelRole.onload), so the log-prob passes and a
-                                             one-step update's forward/backward run without it
+    9. actor.onload(params of 6, grads)      training state back for log-probs and the update; an offloaded
+                                             optimizer state stays on the host until the update's first
+                                             optimizer step brings it back (MegatronRole._optimizer_on_device),
+                                             so the log-prob passes and a one-step update's forward/backward
+                                             run without it
 
 `rollout_phase(step)` wraps push/release around a block; `generate_sequences` is the per-step call a
 rollout worker makes.
@@ -38,6 +41,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
 
+import torch
 import torch.distributed as dist
 
 from hybridrl.adapters.base import ActorModel
@@ -57,6 +61,9 @@ log = logging.getLogger(__name__)
 class SyncOptions:
     bucket_bytes: int = 512 * MB
     param_offload: bool = False
+    # verl's meaning: false keeps the optimizer state on the GPU through generation (no host round trip each
+    # step, about 2 x 50 GB/s of copies); true sends it to the host while the engine is awake
+    optimizer_offload: bool = False
     free_cache_engine: bool = True
     check: bool = True
     check_fraction: float = 1.0
@@ -76,6 +83,7 @@ class SyncOptions:
         return cls(
             bucket_bytes=rollout_cfg.update_weights_bucket_megabytes * MB,
             param_offload=bool(getattr(megatron_cfg, "param_offload", False)),
+            optimizer_offload=bool(getattr(megatron_cfg, "optimizer_offload", False)),
             free_cache_engine=rollout_cfg.free_cache_engine,
             check=rollout_cfg.sync_check.enable,
             check_fraction=rollout_cfg.sync_check.sample_fraction,
@@ -100,11 +108,12 @@ class WeightSync:
         """Steps 1-7: afterwards the engine holds this step's weights and is ready to generate."""
         if self._offloaded is not None:
             raise RuntimeError("WeightSync.push: the previous push was not released; call release() after generating")
-        metrics = self._offload(params=False, grads=True, optimizer=True)
-        self._offloaded = {"params": False, "grads": True, "optimizer": True}
+        optimizer = self.options.optimizer_offload
+        metrics = self._offload(params=False, grads=True, optimizer=optimizer)
+        self._offloaded = {"params": False, "grads": True, "optimizer": optimizer}
         metrics["timing_s/reshard_wait"] = _wait_for_peers()
         start = time.perf_counter()
-        self.engine.wake_up(["weights"])
+        self._wake(["weights"])
         sent = SentChecksums(step, self.options.check_fraction, self.engine.weight_dtype, self.engine.checksum_terms)
         first = self._all_names is None
         metrics.update(self._stream(sent))
@@ -118,7 +127,7 @@ class WeightSync:
         if self.options.param_offload:
             metrics["offload/params_bytes"] = float(self.actor.offload(params=True, grads=False, optimizer=False).params_bytes)
             self._offloaded["params"] = True
-        self.engine.wake_up(["kv_cache"])
+        self._wake(["kv_cache"])
         metrics["memory/rollout_used_bytes"] = float(device_memory_used())  # the rollout phase's peak footprint
         for kind, nbytes in torch_memory_counts().items():  # where it lives, when it grows from step to step
             metrics[f"memory/rollout_torch_{kind}_bytes"] = float(nbytes)
@@ -150,6 +159,23 @@ class WeightSync:
             metrics.update(self.release())
 
     # ------------------------------------------------------------------ pieces
+    def _wake(self, tags: list[str]) -> None:
+        """engine.wake_up, with an out-of-memory error that names the settings which give the engine room."""
+        try:
+            self.engine.wake_up(tags)
+        except (torch.OutOfMemoryError, RuntimeError) as e:
+            if isinstance(e, RuntimeError) and "out of memory" not in str(e).lower():
+                raise
+            kept = [k for k, on in (("optimizer state", not self.options.optimizer_offload),
+                                    ("parameters", not self.options.param_offload)) if on]
+            raise WakeOutOfMemory(
+                f"rank {_rank()}: the rollout engine ran out of GPU memory waking its {'/'.join(tags)} with "
+                f"{device_memory_used() / 2**30:.1f} GiB in use ({', '.join(kept) or 'nothing'} of the actor kept on "
+                "the GPU). Set actor_rollout_ref.actor.megatron.optimizer_offload=true (the optimizer state waits "
+                "on the host during generation), param_offload=true, or lower "
+                "actor_rollout_ref.rollout.gpu_memory_utilization; `hybridrl plan` shows each phase's memory"
+            ) from e
+
     def _describe_once(self, model_bytes: int) -> None:
         if self.plan is not None and not self._described:
             log.info("%s", self.plan.describe(model_bytes))
@@ -220,6 +246,14 @@ class WeightSync:
             metrics.update(self._direct.check(step, self.options.check_fraction, self._group_of))
         metrics["timing_s/sync_check"] = time.perf_counter() - start
         return metrics
+
+
+class WakeOutOfMemory(MemoryError):
+    """The engine could not take its memory back beside what training keeps on the GPU."""
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
 def _wait_for_peers() -> float:

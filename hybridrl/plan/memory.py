@@ -51,8 +51,9 @@ Rollout engine (vLLM, colocated):
 
 Phases (each component is 0 when absent; totals are for the busiest pipeline stage):
     train_actor   the actor's forward/backward: actor params+grads + activations, plus whatever idle roles keep;
-                  with the hybrid engine and one optimizer step per update the optimizer state is still on the
-                  host (weight_sync.py, step 9: it comes back for the step), else it is counted here too
+                  with the hybrid engine, optimizer_offload and one optimizer step per update the optimizer state
+                  is still on the host (weight_sync.py, step 9: it comes back for the step), else it is counted
+                  here too
     actor_step    the actor's optimizer step: its whole state + optimizer_step, no activations (freed by then)
     train_critic  the critic's update (PPO with GAE): its whole state (the critic's idle offload brings all of it
                   back for its calls) + activations
@@ -64,9 +65,9 @@ Phases (each component is 0 when absent; totals are for the busiest pipeline sta
     rollout       generation: vLLM's share + what the training roles keep after offload (a split placement,
                   actor_rollout_ref.hybrid_engine=false: one of the rollout's own GPUs, vLLM's share only)
 An idle role keeps params/grads/optimizer unless its megatron.{param,grad,optimizer}_offload is set (the
-reference has params only). During rollout the hybrid engine always moves the actor's grads and optimizer
-state off the GPU before vLLM wakes (hybridrl/hybrid/weight_sync.py, step 1); its params stay unless
-param_offload. Every phase adds `overhead` (CUDA context, NCCL communicators, allocator
+reference has params only). During rollout the hybrid engine releases the actor's grads before vLLM wakes
+(hybridrl/hybrid/weight_sync.py, step 1); its optimizer state goes to the host only with optimizer_offload, its
+params only with param_offload. Every phase adds `overhead` (CUDA context, NCCL communicators, allocator
 slack), a flat estimate. On CPU (trainer.device=cpu) the same numbers are host memory per process:
 float32, offload has no effect and the torch rollout engine keeps no preallocated KV cache.
 """
@@ -346,10 +347,11 @@ def phase_parts(name: str, s: StageMemory, r: RolloutMemory, overhead: int, spli
                      overhead=overhead)
         return parts
     actor = s.actor.state if name in ("train_actor", "actor_step", "ref_log_prob") else s.actor.idle()
-    if name == "rollout":  # WeightSync.push offloads grads and optimizer whatever the flags say
-        actor = ModelState(actor.params, 0, 0)
-    # ...and brings the grads back after generation, the optimizer state only at the update's first step
-    deferred = not split and (name == "ref_log_prob" or (name == "train_actor" and s.actor_steps_per_update == 1))
+    if name == "rollout":  # WeightSync.push releases the grads whatever the flags say
+        actor = ModelState(actor.params, 0, actor.optimizer)
+    # ...and brings them back after generation; an offloaded optimizer state comes back at the update's first step
+    deferred = not split and s.actor.offload_optimizer and (
+        name == "ref_log_prob" or (name == "train_actor" and s.actor_steps_per_update == 1))
     if deferred:
         actor = ModelState(actor.params, actor.grads, 0)
     critic = None if s.critic is None else (s.critic.state if name in ("train_critic", "critic_step")

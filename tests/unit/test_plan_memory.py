@@ -131,8 +131,11 @@ def test_offload_flags_decide_what_stays_during_rollout():
     run = _run("preset=7b_8gpu", *flags, "critic.megatron.grad_offload=false",
                "actor_rollout_ref.actor.megatron.use_distributed_optimizer=false")
     rollout = estimate(run, resolve("Qwen2.5-7B"), 80 * GiB).phases["rollout"].parts
-    # the weight sync always moves the actor's grads and optimizer off the GPU; params follow param_offload
-    assert rollout["actor_params"] == 7_615_820_800 and rollout["actor_grads"] == rollout["actor_optimizer"] == 0
+    # the weight sync always releases the actor's grads; params and optimizer state follow their offload flags
+    assert rollout["actor_params"] == 7_615_820_800 and rollout["actor_grads"] == 0
+    assert rollout["actor_optimizer"] == 12 * 3_807_910_400
+    offloaded = _run("preset=7b_8gpu", "critic.megatron.grad_offload=false")
+    assert estimate(offloaded, resolve("Qwen2.5-7B"), 80 * GiB).phases["rollout"].parts["actor_optimizer"] == 0
     assert rollout["critic_grads"] > 0 and rollout["critic_params"] == 0  # the critic follows its own flags
     train = estimate(run, resolve("Qwen2.5-7B"), 80 * GiB).phases["train_actor"].parts
     assert train["actor_optimizer"] == 12 * 3_807_910_400  # not sharded over dp

@@ -110,7 +110,7 @@ def toy_weights(n=6, size=256) -> dict[str, torch.Tensor]:
 def test_phase_order_and_metrics():
     log: list = []
     actor, engine = FakeActor(toy_weights(), log), FakeEngine(log)
-    sync = WeightSync(actor, engine, SyncOptions(bucket_bytes=2048))
+    sync = WeightSync(actor, engine, SyncOptions(bucket_bytes=2048, optimizer_offload=True))
     with sync.rollout_phase(step=0) as metrics:
         engine.generate(None, None)
     assert log == [
@@ -130,10 +130,47 @@ def test_phase_order_and_metrics():
     assert metrics["timing_s/reshard"] > 0 and metrics["timing_s/reshard_wait"] == 0.0  # one process: no peers
 
 
+def test_without_optimizer_offload_the_optimizer_state_stays_on_the_gpu():
+    """verl's optimizer_offload=false: only the grads make room for the engine (released, not copied)."""
+    log: list = []
+    sync = WeightSync(FakeActor(toy_weights(2), log), FakeEngine(log), SyncOptions(bucket_bytes=4096))
+    with sync.rollout_phase(step=0) as metrics:
+        pass
+    assert log[0] == "actor.offload(params=False, grads=True, optimizer=False)"
+    assert log[-1] == "actor.onload(params=False, grads=True, optimizer=False)"
+    assert metrics["offload/bytes"] == 20
+
+
+class OutOfMemoryEngine(FakeEngine):
+    def wake_up(self, tags=None):
+        if tags == ["kv_cache"]:
+            raise RuntimeError("CUDA Error: out of memory at /workspace/csrc/cumem_allocator.cpp:62")
+        super().wake_up(tags)
+
+
+def test_an_engine_that_cannot_wake_names_the_offload_keys():
+    log: list = []
+    sync = WeightSync(FakeActor(toy_weights(2), log), OutOfMemoryEngine(log), SyncOptions(bucket_bytes=4096))
+    with pytest.raises(MemoryError) as e:
+        sync.push(step=0)
+    msg = str(e.value)
+    assert "rank 0" in msg and "kv_cache" in msg and "optimizer state" in msg
+    assert "actor_rollout_ref.actor.megatron.optimizer_offload=true" in msg
+    assert "actor_rollout_ref.rollout.gpu_memory_utilization" in msg
+    with pytest.raises(RuntimeError, match="unrelated"):  # other runtime errors pass through unchanged
+        WeightSync(FakeActor(toy_weights(2), []), _Failing([]), SyncOptions()).push(step=0)
+
+
+class _Failing(FakeEngine):
+    def wake_up(self, tags=None):
+        raise RuntimeError("unrelated failure")
+
+
 def test_param_offload_after_the_export_and_no_sleep_without_free_cache_engine():
     log: list = []
     sync = WeightSync(FakeActor(toy_weights(2), log), FakeEngine(log),
-                      SyncOptions(bucket_bytes=4096, param_offload=True, free_cache_engine=False))
+                      SyncOptions(bucket_bytes=4096, param_offload=True, optimizer_offload=True,
+                                  free_cache_engine=False))
     with sync.rollout_phase(step=0):
         pass
     assert log == [
