@@ -23,7 +23,7 @@ from .checkpoint_manager import CheckpointManager, TrainerState, find_resume_pat
 from .dynamic_sampling import RolloutStream
 from .generation import ColocatedGeneration, SplitGeneration
 from .generation_dump import generation_records, write_generations
-from .metrics import compute_mfu, peak_flops_for
+from .metrics import causal_training_flops, compute_mfu, peak_flops_for
 from .one_step_off import OneStepOffStream
 from .progress import ProgressBar
 from .startup import StartupClock
@@ -170,17 +170,26 @@ class Components:
         return time.perf_counter() - start
 
     # ------------------------------------------------------------------ metrics
-    def mfu(self, batch: DataProto, timing: dict[str, float]) -> dict[str, float]:
+    def mfu(self, batch: DataProto, timing: dict[str, float], update: dict[str, float]) -> dict[str, float]:
+        """perf/mfu/actor over the whole update phase (verl's count); perf/mfu/actor_forward_backward over the
+        actor's forward and backward passes alone (`update`'s timing_s/actor_forward_backward), with causal
+        attention counted once as megatron_speed.json does."""
         if "update_actor" not in timing or not torch.cuda.is_available():
             return {}
         peak = peak_flops_for(torch.cuda.get_device_name())
         if not peak:
             return {}
-        tokens = float(batch.batch["attention_mask"].sum())
-        seq = float(batch.batch["attention_mask"].sum(-1).float().mean())
+        lengths = batch.batch["attention_mask"].sum(-1).float()
+        tokens, seq = float(lengths.sum()), float(lengths.mean())
         epochs = self.run.cfg.actor_rollout_ref.actor.ppo_epochs
-        return {"perf/mfu/actor": compute_mfu(tokens * epochs, timing["update_actor"], self.run.derived.world_size,
-                                              self.hf_config, peak, seq_len=seq)}
+        gpus = self.run.derived.world_size
+        out = {"perf/mfu/actor": compute_mfu(tokens * epochs, timing["update_actor"], gpus, self.hf_config, peak,
+                                             seq_len=seq)}
+        seconds = update.get("timing_s/actor_forward_backward", 0.0)
+        if seconds > 0:
+            flops = causal_training_flops(self.hf_config, lengths.tolist()) * epochs
+            out["perf/mfu/actor_forward_backward"] = flops / (seconds * gpus * peak)
+        return out
 
     def remax_baselines(self, batch: DataProto, version: int) -> torch.Tensor:
         """ReMax: the greedy response's score for each prompt, broadcast to its samples (`version`: the actor's

@@ -177,6 +177,18 @@ def flops_per_token(hf_config: Mapping[str, Any], seq_len: float = 0.0, training
     return mult * (2.0 * n + 4.0 * layers * d * seq_len)
 
 
+def causal_training_flops(hf_config: Mapping[str, Any], seq_lens: Iterable[float]) -> float:
+    """FLOPs of one forward+backward over sequences of `seq_lens` valid tokens, counting causal attention's half:
+    6 N sum(s) + 6 L d sum(s^2), megatron_speed.json's (and benchmarks/train_bench.py's) MFU numerator. verl's
+    count (flops_per_token) takes attention as full, which reads higher at long sequences."""
+    layers = _cfg(hf_config, "num_hidden_layers", "n_layer", "num_layers")
+    heads = _cfg(hf_config, "num_attention_heads", "n_head")
+    h = _cfg(hf_config, "hidden_size", "n_embd", "d_model")
+    d = heads * _cfg(hf_config, "head_dim", default=h // heads)
+    s = np.asarray(list(seq_lens), dtype=np.float64)
+    return float(6.0 * matmul_params(hf_config) * s.sum() + 6.0 * layers * d * (s * s).sum())
+
+
 def effective_seq_len(seq_lens: Iterable[float]) -> float:
     """sum(s^2) / sum(s): attention work grows with s per token, so this is the per-token average."""
     s = np.asarray(list(seq_lens), dtype=np.float64)

@@ -104,7 +104,7 @@ class PPOTrainer:
         metrics.update(compute_data_metrics(batch, self.d.use_critic))
         metrics.update(compute_timing_metrics(batch, timing))
         metrics.update(compute_throughput_metrics(batch, timing, self.d.world_size + self.d.placement.rollout_world))
-        metrics.update(self.p.mfu(batch, timing))
+        metrics.update(self.p.mfu(batch, timing, metrics))
         return metrics
 
     # ------------------------------------------------------------------ steps

@@ -6,6 +6,7 @@ import torch
 
 from hybridrl.protocol import DataProto
 from hybridrl.trainer.metrics import (
+    causal_training_flops,
     compute_data_metrics,
     compute_mfu,
     compute_throughput_metrics,
@@ -109,6 +110,16 @@ def test_flops_by_hand():
     assert flops_per_token(TINY) == 6 * 1232
     gpt2 = {**TINY, "model_type": "gpt2"}  # fc1 + fc2, no gate
     assert matmul_params(gpt2) == 2 * (192 + 2 * 8 * 16) + 80
+
+
+def test_causal_training_flops_by_hand():
+    # megatron_speed.json's numerator: 6 N per token, and per sequence of s tokens 6 L d s^2 (QK^T and AV, causal)
+    lengths = [3, 10, 7]
+    by_hand = sum(6.0 * 1232 * s + 6.0 * 2 * 8 * s * s for s in lengths)
+    assert causal_training_flops(TINY, lengths) == by_hand
+    # half the attention term of verl's count at the same effective length
+    full = sum(lengths) * flops_per_token(TINY, seq_len=effective_seq_len(lengths))
+    assert full - causal_training_flops(TINY, lengths) == pytest.approx(6.0 * 2 * 8 * sum(s * s for s in lengths))
 
 
 def test_flops_of_a_mixture_of_experts_count_active_weights():
