@@ -67,12 +67,13 @@ class Run:
     layout: tuple[str, ...] = ()  # training and rollout layout (rollout tp defaults to 1: one replica a GPU)
     knobs: tuple[str, ...] = ()  # memory knobs: token budget, recompute, offloads
     what: str = ""
+    knobs_80gb: tuple[str, ...] = ()  # added on GPUs under 100 GiB (H100): what the plan needs there
 
-    def overrides(self) -> list[str]:
+    def overrides(self, gib: float = 140.0) -> list[str]:
         layout = list(self.layout)
         if not any(o.startswith(RTP + "=") for o in layout):
             layout.append(f"{RTP}=1")
-        return layout + list(self.knobs)
+        return layout + list(self.knobs) + (list(self.knobs_80gb) if gib < 100 else [])
 
     def actor_layout(self) -> dict[str, int]:
         sizes = {k: int(v) for k, v in (o.split("=", 1) for o in self.layout)}
@@ -92,12 +93,17 @@ RUNS: dict[str, Run] = {
     "1p5b_dp2": Run("1.5b", 2, (), (TOKENS_1P5B,), "1.5B dp2, one vLLM replica a GPU (tp_g1 x dp_g2)"),
     "1p5b_dp4": Run("1.5b", 4, (), (TOKENS_1P5B,), "1.5B dp4, vLLM tp_g1 x dp_g4"),
     "7b_1gpu": Run("7b", 1, (), SEVEN_B_ONE_GPU, "7B on one GPU with its offloads and recompute"),
-    "7b_tp2": Run("7b", 2, (f"{TP}=2", f"{RTP}=2"), SEVEN_B_SHARDED, "7B tp2 -> vLLM tp_g2 (shard to shard)"),
-    "7b_tp2_rdp2": Run("7b", 2, (f"{TP}=2",), SEVEN_B_SHARDED, "7B tp2 -> vLLM tp_g1 x dp_g2 (each GPU gathers all)"),
-    "7b_pp2_rtp2": Run("7b", 2, (f"{PP}=2", f"{RTP}=2"), SEVEN_B_SHARDED, "7B pp2 -> vLLM tp_g2"),
-    "7b_tp2dp2": Run("7b", 4, (f"{TP}=2", f"{RTP}=2"), SEVEN_B_SHARDED, "7B tp2 x dp2 -> vLLM tp_g2 x dp_g2"),
+    "7b_tp2": Run("7b", 2, (f"{TP}=2", f"{RTP}=2"), SEVEN_B_SHARDED, "7B tp2 -> vLLM tp_g2 (shard to shard)",
+                  (OPT_OFFLOAD,)),
+    "7b_tp2_rdp2": Run("7b", 2, (f"{TP}=2",), SEVEN_B_SHARDED, "7B tp2 -> vLLM tp_g1 x dp_g2 (each GPU gathers all)",
+                       (OPT_OFFLOAD,)),
+    "7b_pp2_rtp2": Run("7b", 2, (f"{PP}=2", f"{RTP}=2"), SEVEN_B_SHARDED, "7B pp2 -> vLLM tp_g2",
+                       (OPT_OFFLOAD, RECOMPUTE)),
+    "7b_tp2dp2": Run("7b", 4, (f"{TP}=2", f"{RTP}=2"), SEVEN_B_SHARDED, "7B tp2 x dp2 -> vLLM tp_g2 x dp_g2",
+                     (OPT_OFFLOAD,)),
     "7b_tp4": Run("7b", 4, (f"{TP}=4", f"{RTP}=4"), SEVEN_B_SHARDED, "7B tp4 -> vLLM tp_g4"),
-    "7b_pp2dp2_rdp4": Run("7b", 4, (f"{PP}=2",), SEVEN_B_SHARDED, "7B pp2 x dp2 -> vLLM tp_g1 x dp_g4"),
+    "7b_pp2dp2_rdp4": Run("7b", 4, (f"{PP}=2",), SEVEN_B_SHARDED, "7B pp2 x dp2 -> vLLM tp_g1 x dp_g4",
+                          (OPT_OFFLOAD, RECOMPUTE)),
     # the dry run's rows (CPU, gloo, the torch engine)
     "tiny_1": Run("tiny", 1, (), (), "dry run, one process"),
     "tiny_dp2": Run("tiny", 2, (), (), "dry run, dp2"),
@@ -140,7 +146,8 @@ def model_dir(shape: str, models: str) -> str:
     return folder
 
 
-def trainer_overrides(run: Run, model: str, folder: str, steps: int, max_time_s: float, cpu: bool) -> list[str]:
+def trainer_overrides(run: Run, model: str, folder: str, steps: int, max_time_s: float, cpu: bool,
+                      gib: float = 140.0) -> list[str]:
     job = JOBS[run.shape]
     device = ([f"{ARA}.rollout.name=torch", "trainer.device=cpu"] if cpu
               else [f"{ARA}.rollout.name=vllm", "trainer.device=cuda", f"{ARA}.rollout.gpu_memory_utilization=0.4"])
@@ -152,7 +159,7 @@ def trainer_overrides(run: Run, model: str, folder: str, steps: int, max_time_s:
             f"trainer.n_gpus_per_node={run.gpus}", f"trainer.total_training_steps={steps}",
             f"trainer.max_time_s={int(max_time_s)}", "trainer.test_freq=-1", "trainer.save_freq=-1",
             "trainer.val_before_train=false", "trainer.logger=[console,jsonl]", "trainer.progress_bar=false",
-            f"trainer.default_local_dir={folder}", *job.overrides, *run.overrides()]
+            f"trainer.default_local_dir={folder}", *job.overrides, *run.overrides(gib)]
 
 
 def plan_for(overrides: list[str], gib: float, env: dict[str, str], folder: str) -> dict[str, Any]:
@@ -183,7 +190,7 @@ def run_one(name: str, args: argparse.Namespace, deadline: float) -> Optional[in
     model = model_dir(run.shape, args.models)
     env = environment(run.gpus, args.cpu)
     left = deadline - time.time()
-    overrides = trainer_overrides(run, model, folder, args.steps, max(60, left - 90), args.cpu)
+    overrides = trainer_overrides(run, model, folder, args.steps, max(60, left - 90), args.cpu, gib)
     plan = plan_for(overrides, gib, env, folder)
     info = {"name": name, "shape": run.shape, "model_shape": run.shape, "gpus": run.gpus, "what": run.what,
             "layout": run.actor_layout(), "device": device, "gpu_memory_gib": gib,
