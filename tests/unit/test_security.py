@@ -113,8 +113,8 @@ def test_the_scan_finds_every_kind_of_unsafe_load():
 
 
 # The one place that runs code on purpose: the Python tool's child process, after its sandbox is in place
-# (rlimits, audit hook, temp dir; tests/unit/test_agent_tools.py). Exact file and call, any other use fails.
-SANDBOX = os.path.join("hybridrl", "agent", "tools", "sandbox_child.py")
+# (namespaces, rlimits, Landlock, seccomp; tests/unit/test_sandbox_redteam.py). Exact file and call, any other use fails.
+SANDBOX = os.path.join("hybridrl", "agent", "tools", "sandbox", "child.py")
 ALLOWED = {(SANDBOX, "exec()"), (SANDBOX, "compile()")}
 
 
