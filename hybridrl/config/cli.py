@@ -8,9 +8,10 @@ with a non-zero exit).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 from ..utils import logs
 from .loader import ConfigError, load_config, to_yaml
@@ -56,6 +57,17 @@ def load_run(argv: Sequence[str], default_config: str = "ppo_trainer") -> tuple[
         print("# derived:\n# " + run.summary().replace("\n", "\n# "), file=sys.stderr)
         raise SystemExit(0)
     return cl, run
+
+
+@contextlib.contextmanager
+def user_errors(prog: str = "hybridrl", also: tuple[type[BaseException], ...] = ()) -> Iterator[None]:
+    """A ConfigError (or one of `also`) raised after load_run (data, model files, layout against the model, the
+    run folder) reaches the user as load_run's do: one line naming the key, exit status 2, no traceback."""
+    try:
+        yield
+    except (ConfigError, *also) as e:
+        print(f"{prog}: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
 
 
 def _validate_for_printing(cfg) -> RunConfig:

@@ -121,8 +121,10 @@ def mcore_to_hf(ckpt_dir: str, out: str, hf_config_dir: Optional[str] = None, bu
     from hybridrl.adapters.megatron.hf_io import SafetensorsWriter, copy_side_files
     from hybridrl.adapters.megatron.weights import export_hf_weights
     from hybridrl.config.schema.common import MegatronConfig
+    from hybridrl.trainer.checkpoint_files import DamagedCheckpointError, check_part
 
     ckpt_dir = os.path.abspath(os.path.expanduser(ckpt_dir))
+    check_part(ckpt_dir)  # a trainer step records its files: a truncated one is named here, not met as EOFError
     meta = checkpoint.read_meta(ckpt_dir)
     config_dir = hf_config_dir or os.path.join(ckpt_dir, "huggingface")
     _check_checkpoint_files(ckpt_dir, meta, config_dir)
@@ -138,7 +140,11 @@ def mcore_to_hf(ckpt_dir: str, out: str, hf_config_dir: Optional[str] = None, bu
     chunks = build_model(arch, layout, value_head=meta["value_head"], overrides={"perform_initialization": False})
     model = ConvertedModel(Engine(chunks, layout), arch, layout, config_dir, hf_config, value_head=meta["value_head"],
                            role=meta["role"], megatron=MegatronConfig(use_distributed_optimizer=False))
-    checkpoint.load(ckpt_dir, model)
+    try:
+        checkpoint.load(ckpt_dir, model)
+    except (EOFError, RuntimeError, OSError, ValueError) as e:  # no manifest to name the file (e.g. hf-to-mcore's)
+        raise DamagedCheckpointError(f"{ckpt_dir}/dist could not be read ({type(e).__name__}: {e}); a file in it is "
+                                     "truncated or damaged") from e
     if os.path.isdir(out) and os.listdir(out):
         raise FileExistsError(f"--target_dir/--out {out} exists and is not empty; choose a new folder")
     writer = SafetensorsWriter(out, dtype=DTYPES[meta.get("hf_dtype", "float32")])

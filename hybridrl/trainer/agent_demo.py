@@ -21,20 +21,21 @@ import argparse
 import math
 import os
 import random
-import shutil
 import sys
 import time
 
 import torch
 
 from hybridrl.config.loader import CONFIG_DIR
+from hybridrl.utils.out_dir import OutputDirError, claim
 
-from .demo import save_model, tiny_llama
+from .demo import ENTRIES, save_model, tiny_llama
 
 DATA_SOURCE = "arithmetic_tool"
 CALL_OPEN = '<tool_call>{"name": "calculator", "arguments": {"expression": "'
 CALL_CLOSE = '"}}</tool_call>'
 ALPHABET = "0123456789*+-=\n"
+OWNER = "hybridrl.trainer.agent_demo"  # the marker in --out that proves this demo made the folder
 
 
 def build_tokenizer(out_dir: str):
@@ -172,21 +173,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config-name", default="agent_demo")
     args, overrides = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     out = os.path.abspath(args.out)
-    if os.path.isdir(out):
-        shutil.rmtree(out)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    start = time.perf_counter()
-    model_dir, train, test = prepare(out, args.sft_steps, args.seed)
-    from hybridrl.config.cli import load_run
-    from hybridrl.trainer.ppo_trainer import run_ppo
+    from hybridrl.config.cli import load_run, user_errors
 
     tools = os.path.join(CONFIG_DIR, "tools", "calculator.yaml")
-    _, run = load_run(["--config-name", args.config_name, f"data.train_files={train}", f"data.val_files={test}",
-                       f"actor_rollout_ref.model.path={model_dir}",
+    # the overrides are checked before anything is written (prepare() names these same paths)
+    _, run = load_run(["--config-name", args.config_name, f"data.train_files={os.path.join(out, 'data', 'train.parquet')}",
+                       f"data.val_files={os.path.join(out, 'data', 'test.parquet')}",
+                       f"actor_rollout_ref.model.path={os.path.join(out, 'model')}",
                        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools}",
                        f"trainer.default_local_dir={os.path.join(out, 'checkpoints')}", *overrides])
+    try:
+        claim(out, OWNER, ENTRIES, fresh=True)
+    except OutputDirError as e:
+        print(f"agent demo: {e}", file=sys.stderr)
+        return 2
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    start = time.perf_counter()
+    prepare(out, args.sft_steps, args.seed)
+    from hybridrl.trainer.checkpoint_manager import CheckpointError
+    from hybridrl.trainer.ppo_trainer import run_ppo
+
     print(run.summary(), flush=True)
-    result = run_ppo(run)
+    with user_errors("agent demo", also=(CheckpointError,)):
+        result = run_ppo(run)
     before, after = result["before"], result["after"]
     print(f"agent demo: finished in {time.perf_counter() - start:.0f}s")
     print(f"agent demo: val/score {100 * before.get('val/score', float('nan')):.1f} -> "

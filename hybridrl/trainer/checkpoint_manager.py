@@ -7,8 +7,9 @@
         trainer_state.json                global step, dataloader + KL controller state, driver RNG
         trainer_state.safetensors         tensors found in that state (only if there are any)
         config.yaml                       the resolved job config, secrets redacted
-        .complete                         written last: the folder is whole
-                                          (.pruned instead once prune removed actor/ or critic/)
+        .complete                         written last: the folder is whole; lists every file of the
+                                          step with its size and CRC-32 (checkpoint_files.py), which
+                                          auto resume verifies (.pruned instead once prune removed a part)
 
 Save order: parts -> trainer state -> config -> fsync everything -> `.complete` -> marker. Each file
 we write goes to a temporary name, is fsynced and os.replace'd, and its folder is fsynced, so a kill at
@@ -21,12 +22,12 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import logging
 import os
 import random
 import re
 import shutil
 import time
-import warnings
 from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
@@ -35,11 +36,12 @@ import yaml
 
 from hybridrl.config.loader import ConfigError, to_dict
 
+from .checkpoint_files import PRUNED, SENTINEL, file_manifest, first_damage
 from .tracking import redact
 
+logger = logging.getLogger("hybridrl.checkpoint")
 MARKER = "latest_checkpointed_iteration.txt"
-SENTINEL = ".complete"
-PRUNED = ".pruned"  # replaces SENTINEL once prune removed a part: saved whole once, not resumable now
+# SENTINEL (.complete): the folder is whole; PRUNED replaces it once prune removed a part (not resumable now)
 STATE_JSON = "trainer_state.json"
 STATE_TENSORS = "trainer_state.safetensors"
 CONFIG_YAML = "config.yaml"
@@ -176,8 +178,13 @@ def load_trainer_state(step_dir: str) -> TrainerState:
 
     if not is_complete(step_dir):
         raise CheckpointError(f"{step_dir}: not a complete checkpoint (no {SENTINEL}); it was interrupted mid-save")
-    with open(os.path.join(step_dir, STATE_JSON)) as f:
-        tree = json.load(f)
+    path = os.path.join(step_dir, STATE_JSON)
+    try:
+        with open(path) as f:
+            tree = json.load(f)
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path}: unreadable ({type(e).__name__}: {e}); resume from an earlier "
+                              "global_step_N with trainer.resume_mode=resume_path") from None
     tensor_file = os.path.join(step_dir, STATE_TENSORS)
     tensors = load_file(tensor_file) if os.path.exists(tensor_file) else {}
     return TrainerState(**decode_state(tree, tensors))
@@ -261,7 +268,8 @@ class CheckpointManager:
         self._write_config(folder)
         if self.fsync_files:
             fsync_tree(folder)
-        meta = {"step": step, "parts": sorted(parts), "time": time.time()}
+        # what the folder holds now, so that a later truncation or loss is named, not met as an EOFError
+        meta = {"step": step, "parts": sorted(parts), "time": time.time(), "files": file_manifest(folder)}
         atomic_write(os.path.join(folder, SENTINEL), json.dumps(meta).encode())
         atomic_write(os.path.join(self.root, MARKER), f"{step}\n".encode())
         self.prune(self.keep_actor, self.keep_critic)
@@ -353,18 +361,38 @@ def _explicit_resume_path(path: Optional[str]) -> str:
         hint = "" if step_of(path) is not None else " (it should be a global_step_N folder)"
         raise ConfigError(f"trainer.resume_from_path={path}: not a complete checkpoint, no {SENTINEL} "
                           f"in it; the save was interrupted or this is not a step folder{hint}")
+    damage = first_damage(path)
+    if damage:
+        raise ConfigError(f"trainer.resume_from_path={path}: damaged checkpoint: {damage}; "
+                          "give an earlier global_step_N folder")
     return path
 
 
 def _auto_resume_path(root: str) -> Optional[str]:
+    """The marker's step if it is complete and intact; else the newest complete, intact one, said in one line
+    naming the step skipped and why; None (start afresh) when nothing was ever completed."""
     marker, complete = read_marker(root), complete_steps(root)
-    if marker is not None and is_complete(os.path.join(root, f"global_step_{marker}")):
-        return os.path.join(root, f"global_step_{marker}")
-    if not complete:
-        if marker is not None:
-            warnings.warn(f"{root}/{MARKER} names step {marker} but no complete checkpoint exists; starting fresh", stacklevel=3)
-        return None
-    newest = os.path.join(root, f"global_step_{complete[-1]}")
-    reason = f"names step {marker}, which is incomplete or missing" if marker is not None else "is missing"
-    warnings.warn(f"{root}/{MARKER} {reason}; resuming from the newest complete checkpoint {newest}", stacklevel=3)
-    return newest
+    if marker is not None and marker not in complete:
+        why = f"{root}/{MARKER} names step {marker}, which is incomplete or missing"
+    elif marker is None and complete:
+        why = f"{root}/{MARKER} is missing"
+    else:
+        why = None
+    damaged = []
+    for step in sorted(complete, reverse=True):
+        if marker is not None and step > marker and why is None:
+            continue  # a save newer than the commit point: never resumed from
+        folder = os.path.join(root, f"global_step_{step}")
+        damage = first_damage(folder)
+        if damage is None:
+            if why or damaged:
+                logger.warning("%s; resuming from %s, the newest intact checkpoint",
+                               "; ".join(([why] if why else []) + damaged), folder)
+            return folder
+        damaged.append(f"step {step} is damaged ({damage})")
+    if damaged:
+        raise ConfigError(f"{root}: no intact checkpoint to resume from: {'; '.join(damaged)}. Resume from another "
+                          "folder (trainer.resume_mode=resume_path), or start afresh in a new trainer.default_local_dir")
+    if marker is not None:
+        logger.warning("%s/%s names step %s but no complete checkpoint exists; starting fresh", root, MARKER, marker)
+    return None

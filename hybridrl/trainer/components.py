@@ -161,7 +161,10 @@ class Components:
         if self.critic_group is not None:
             parts["critic"] = self.critic_group.save_checkpoint
         state = TrainerState(global_step=step, dataloader=self.train_loader.state_dict() if loader_state is None else loader_state,
-                             kl_ctrl={"value": float(self.kl_ctrl.value)})
+                             kl_ctrl={"value": float(self.kl_ctrl.value)},
+                             # the run's length, so that resuming a finished run can say so before start-up
+                             extra={"total_steps": self.total_steps, "total_epochs": self.run.cfg.trainer.total_epochs,
+                                    "total_training_steps": self.run.cfg.trainer.total_training_steps})
         if self.is_rank0:
             self.ckpt.save(step, parts, state)
         else:  # torchrun ranks > 0: the model parts are collective; rank 0 writes the rest

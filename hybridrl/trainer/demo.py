@@ -16,13 +16,16 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import shutil
 import sys
 import time
 
 import torch
 
+from hybridrl.utils.out_dir import OutputDirError, claim
+
 DEMO_ALPHABET = "0123456789+="
+OWNER = "hybridrl.trainer.demo"  # the marker in --out that proves the demo made the folder
+ENTRIES = ("data", "model", "tokenizer", "checkpoints")  # what a fresh run replaces in it, nothing else
 
 
 def build_tokenizer(out_dir: str):
@@ -124,19 +127,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config-name", default="demo", help="demo (GRPO) or dapo_demo (DAPO), from configs/")
     args, overrides = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     out = os.path.abspath(args.out)
-    if not args.keep and os.path.isdir(out):
-        shutil.rmtree(out)
+    from hybridrl.config.cli import load_run, user_errors
+
+    # the overrides are checked before anything is written (prepare() names these same paths)
+    _, run = load_run(["--config-name", args.config_name, f"data.train_files={os.path.join(out, 'data', 'train.parquet')}",
+                       f"data.val_files={os.path.join(out, 'data', 'test.parquet')}",
+                       f"actor_rollout_ref.model.path={os.path.join(out, 'model')}",
+                       f"trainer.default_local_dir={os.path.join(out, 'checkpoints')}", *overrides])
+    try:
+        claim(out, OWNER, ENTRIES, fresh=not args.keep)
+    except OutputDirError as e:
+        print(f"demo: {e}", file=sys.stderr)
+        return 2
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     start = time.perf_counter()
-    model_dir, train, test = prepare(out, args.sft_steps)
-    from hybridrl.config.cli import load_run
+    prepare(out, args.sft_steps)
+    from hybridrl.trainer.checkpoint_manager import CheckpointError
     from hybridrl.trainer.ppo_trainer import run_ppo
 
-    _, run = load_run(["--config-name", args.config_name, f"data.train_files={train}", f"data.val_files={test}",
-                       f"actor_rollout_ref.model.path={model_dir}",
-                       f"trainer.default_local_dir={os.path.join(out, 'checkpoints')}", *overrides])
     print(run.summary(), flush=True)
-    result = run_ppo(run)
+    with user_errors("demo", also=(CheckpointError,)):
+        result = run_ppo(run)
+    if result.get("finished"):
+        return 0
     # nan where a run skipped validation (trainer.val_before_train=false or test_freq=-1)
     before, after = (result[k].get("val/score", float("nan")) for k in ("before", "after"))
     print(f"demo: finished in {time.perf_counter() - start:.0f}s")

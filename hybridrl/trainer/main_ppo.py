@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import sys
 
-from hybridrl.config.cli import load_run
+from hybridrl.config.cli import load_run, user_errors
 
 
 def normalize_argv(argv: list[str]) -> list[str]:
@@ -23,9 +23,11 @@ def normalize_argv(argv: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     _, run = load_run(normalize_argv(sys.argv[1:] if argv is None else argv))
+    from hybridrl.trainer.checkpoint_manager import CheckpointError
     from hybridrl.trainer.ppo_trainer import run_ppo  # heavy imports only once the config is valid
 
-    run_ppo(run)
+    with user_errors(also=(CheckpointError,)):
+        run_ppo(run)
 
 
 if __name__ == "__main__":

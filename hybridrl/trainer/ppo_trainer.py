@@ -8,6 +8,7 @@ One step:  prompts -> rollout (hybrid engine: sync weights, generate, sleep) -> 
 """
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -21,6 +22,7 @@ from . import batch_ops as ops
 from .components import Components
 from .dynamic_sampling import Rollout
 from .metrics import compute_data_metrics, compute_throughput_metrics, compute_timing_metrics
+from .run_folder import check_run_folder
 
 ACTOR_HEALTH = ("actor/pg_loss", "actor/grad_norm")
 CRITIC_HEALTH = ("critic/vf_loss", "critic/grad_norm")
@@ -193,8 +195,13 @@ class PPOTrainer:
 
 def run_ppo(run: RunConfig) -> dict[str, Any]:
     """Build everything from the validated config, train, and shut down cleanly (also on errors).
-    Returns the first and the last validation metrics ({"before": ..., "after": ...})."""
+    Returns the first and the last validation metrics ({"before": ..., "after": ...}); {"finished": message}
+    without starting anything when trainer.default_local_dir holds this run already finished (run_folder.py)."""
     logs.setup()
+    done = check_run_folder(run.cfg.trainer, rank=int(os.environ.get("RANK", "0")))
+    if done:
+        print(done, flush=True)
+        return {"before": {}, "after": {}, "steps": 0, "finished": done}
     parts = Components.build(run)
     try:
         trainer = PPOTrainer(run, parts)

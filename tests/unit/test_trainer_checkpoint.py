@@ -142,7 +142,7 @@ def test_prune_never_touches_the_marker_step(tmp_path):
     assert (tmp_path / "global_step_3" / ".complete").exists()
 
 
-def test_resume_modes(tmp_path):
+def test_resume_modes(tmp_path, caplog):
     assert find_resume_path(trainer_cfg(tmp_path, resume_mode="auto")) is None  # nothing saved yet
     mgr = CheckpointManager(str(tmp_path))
     save_steps(mgr, [2, 4])
@@ -151,8 +151,10 @@ def test_resume_modes(tmp_path):
     assert find_resume_path(trainer_cfg(tmp_path, resume_mode="auto")) == str(tmp_path / "global_step_4")
 
     (tmp_path / "global_step_4" / ".complete").unlink()  # the marker now names an incomplete folder
-    with pytest.warns(UserWarning, match="newest complete"):
+    with caplog.at_level("WARNING", logger="hybridrl.checkpoint"):
         assert find_resume_path(trainer_cfg(tmp_path)) == str(tmp_path / "global_step_2")
+    [line] = [r.getMessage() for r in caplog.records]
+    assert "names step 4, which is incomplete" in line and line.endswith("global_step_2, the newest intact checkpoint")
 
     explicit = trainer_cfg(tmp_path, resume_mode="resume_path", resume_from_path=str(tmp_path / "global_step_2"))
     assert find_resume_path(explicit) == str(tmp_path / "global_step_2")

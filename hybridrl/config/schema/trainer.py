@@ -50,6 +50,10 @@ class TrainerConfig:
         "Generate step k+1 while step k trains, on the rollout's own GPUs (actor_rollout_ref.hybrid_engine=false); "
         "each batch is one policy version old and corrected by importance weights against the rollout's log-probs.",
         False)
+    overwrite_existing_run: bool = doc(
+        "With resume_mode=disable, a default_local_dir that already holds a run (global_step_* folders, the latest "
+        "marker, logs/) is refused; true deletes those first and starts afresh there. Other files are left alone.",
+        False)
     seed: int = 1
     progress_bar: bool = True
     plot: bool = doc("Write a PNG of score, response length and KL at the end.", True)
