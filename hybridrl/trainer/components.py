@@ -311,7 +311,7 @@ def _spawn_groups(run: RunConfig, model_dir: str, total_steps: int, rollout_rows
     cfg, d, t = run.cfg, run.derived, run.cfg.trainer
     roles = {"actor_rollout_ref": RoleSpec(ActorRolloutRefWorker, (run, model_dir, total_steps, rollout_rows))}
     if d.use_critic:
-        critic_dir = materialize_hf_dir(cfg.critic.model.path, cfg.critic.model.gguf_file)
+        critic_dir = materialize_hf_dir(cfg.critic.model.path, cfg.critic.model.gguf_file, key="critic.model.path")
         roles["critic"] = RoleSpec(CriticWorker, (run, critic_dir, total_steps))
     use_gpu = d.device == "cuda"
     rollout = None

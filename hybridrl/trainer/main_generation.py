@@ -35,7 +35,7 @@ def resolve_model_dir(model: Any) -> str:
         with open(meta) as f:
             if json.load(f).get("format") == "hybridrl-megatron":
                 return merge_checkpoint(path)
-    return materialize_hf_dir(path, model.gguf_file)
+    return materialize_hf_dir(path, model.gguf_file, key="model.path")
 
 
 def merge_checkpoint(ckpt_dir: str) -> str:

@@ -23,10 +23,11 @@ def normalize_argv(argv: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     _, run = load_run(normalize_argv(sys.argv[1:] if argv is None else argv))
+    from hybridrl.data.readers import DataFileError
     from hybridrl.trainer.checkpoint_manager import CheckpointError
     from hybridrl.trainer.ppo_trainer import run_ppo  # heavy imports only once the config is valid
 
-    with user_errors(also=(CheckpointError,)):
+    with user_errors(also=(CheckpointError, DataFileError)):
         run_ppo(run)
 
 

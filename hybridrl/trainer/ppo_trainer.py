@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from hybridrl.config import RunConfig
+from hybridrl.config.preflight import check_inputs
 from hybridrl.hybrid.checks import logprob_gap, routing_agreement
 from hybridrl.protocol import DataProto
 from hybridrl.utils import logs
@@ -198,6 +199,7 @@ def run_ppo(run: RunConfig) -> dict[str, Any]:
     Returns the first and the last validation metrics ({"before": ..., "after": ...}); {"finished": message}
     without starting anything when trainer.default_local_dir holds this run already finished (run_folder.py)."""
     logs.setup()
+    check_inputs(run)  # model, tokenizer, data and reward files: seconds, before Ray and the workers start
     done = check_run_folder(run.cfg.trainer, rank=int(os.environ.get("RANK", "0")))
     if done:
         print(done, flush=True)

@@ -37,19 +37,22 @@ def find_gguf(path: str, gguf_file: Optional[str]) -> Optional[str]:
 
 
 def materialize_hf_dir(path: str, gguf_file: Optional[str] = None, cache_dir: Optional[str] = None,
-                       weights: bool = True) -> str:
+                       weights: bool = True, key: str = "actor_rollout_ref.model.path") -> str:
     """A local folder with config.json, safetensors weights and tokenizer files for the model at `path`.
     `weights=False`: the job starts from random weights (every role's load_weight=false and the rollout's
-    load_format=dummy), so config.json and the tokenizer are enough."""
+    load_format=dummy), so config.json and the tokenizer are enough. `key`: the config key named in errors."""
     path = os.path.abspath(os.path.expanduser(path))
     if not os.path.isdir(path):
         raise FileNotFoundError(
-            f"actor_rollout_ref.model.path={path}: not a local folder (models are never downloaded at run time; "
+            f"{key}={path}: not a local folder (models are never downloaded at run time; "
             "point it at a folder with config.json + *.safetensors, or a folder holding a .gguf file)")
     gguf = find_gguf(path, gguf_file)
     if gguf is None:
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            raise FileNotFoundError(f"{key}={path}: no config.json, so not a HuggingFace model folder"
+                                    + (" (the folder is empty)" if not os.listdir(path) else ""))
         if weights and not glob.glob(os.path.join(path, "*.safetensors")):
-            raise FileNotFoundError(f"{path}: config.json found but no *.safetensors weights (or start from random "
+            raise FileNotFoundError(f"{key}={path}: config.json found but no *.safetensors weights (or start from random "
                                     "weights: actor_rollout_ref.actor.load_weight=false, and ref.load_weight=false "
                                     "with a reference)")
         return path
