@@ -25,9 +25,12 @@ def usage() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] in ("-h", "--help"):
+    if argv and argv[0] in ("-h", "--help"):
         print(usage())
         return 0
+    if not argv:  # a subcommand is required: no arguments is a mistake, not a request for help
+        print(f"hybridrl: a subcommand is required\n\n{usage()}", file=sys.stderr)
+        return 2
     name, rest = argv[0], argv[1:]
     if name not in SUBCOMMANDS:
         print(f"hybridrl: unknown subcommand {name!r}\n\n{usage()}", file=sys.stderr)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Optional, Sequence
 
@@ -46,6 +47,13 @@ def _normalize(argv: list[str]) -> list[str]:
     return normalize_argv(argv)
 
 
+def _is_placeholder(path: str) -> bool:
+    """The schema's default model path (verl's deepseek-llm-7b placeholder), absent here: the user named no model."""
+    from hybridrl.config.schema.actor import ModelConfig
+
+    return path == ModelConfig().path and not os.path.exists(os.path.expanduser(path))
+
+
 def _refuse(problems: list[Problem], as_json: bool, gpu_bytes: int, run=None, shape=None) -> int:
     if as_json:
         print(json.dumps(to_json_dict(run, shape, None, problems, [], gpu_bytes), indent=2))
@@ -65,6 +73,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ConfigError as e:
         return _refuse([Problem(None, str(e))], args.json, gpu_bytes)
     ara = cfg.actor_rollout_ref
+    if not args.model_config and _is_placeholder(ara.model.path):
+        return _refuse([Problem(None, f"no model to plan for: actor_rollout_ref.model.path is the default "
+                                      f"placeholder {ara.model.path} (not on this machine); pass --model-config (a model "
+                                      f"folder, its config.json or one of {', '.join(KNOWN_CONFIGS)}) or "
+                                      "actor_rollout_ref.model.path=FOLDER")], args.json, gpu_bytes, run)
     try:
         shape = resolve(args.model_config or ara.model.path, ara.model.override_config)
         critic_shape = resolve(args.critic_model_config, cfg.critic.model.override_config) if args.critic_model_config else None

@@ -1,0 +1,28 @@
+"""The `hybridrl` command's own mistakes: no subcommand is an error with the usage, a flag without its value says
+which value, and `plan` never plans for verl's placeholder model without saying so."""
+import pytest
+
+from hybridrl.__main__ import main as hybridrl_main
+from hybridrl.trainer.main_ppo import normalize_argv
+
+
+def test_no_subcommand_prints_usage_and_exits_2(capsys):
+    assert hybridrl_main([]) == 2
+    err = capsys.readouterr().err
+    assert "a subcommand is required" in err and "usage: hybridrl SUBCOMMAND" in err
+    assert hybridrl_main(["--help"]) == 0
+
+
+@pytest.mark.parametrize("argv", [["--preset"], ["--preset", "--config", "x.yaml"], ["--config"],
+                                  ["--preset", "trainer.total_epochs=1"]])
+def test_a_flag_without_its_value_names_it(argv, capsys):
+    with pytest.raises(SystemExit) as err:
+        normalize_argv(argv)
+    assert err.value.code == 2 and f"{argv[0]} needs a value" in capsys.readouterr().err
+    assert normalize_argv(["--preset", "7b_8gpu"]) == ["preset=7b_8gpu"]
+
+
+def test_plan_refuses_the_placeholder_model(capsys):
+    assert hybridrl_main(["plan", "--preset", "7b_8gpu"]) == 2
+    err = capsys.readouterr().err
+    assert "no model to plan for" in err and "--model-config" in err and "deepseek-llm-7b-chat" in err
