@@ -148,7 +148,8 @@ def did_you_mean(key: str, cls: type = PPOConfig) -> str:
     for old, advice in RENAMED.items():
         if leaf == old or f".{old}." in f".{key}.":
             return f" ({key} is a verl FSDP key: {advice})"
-    keys = all_keys(cls)
+    unread = getattr(cls, "UNREAD_KEYS", ())  # keys an entry point's schema has but never reads: not suggested
+    keys = [k for k in all_keys(cls) if not (k in unread or k.startswith(tuple(u + "." for u in unread)))]
     close = difflib.get_close_matches(key, keys, n=3, cutoff=0.6)
     if not close:
         same_leaf = [k for k in keys if k.rsplit(".", 1)[-1] == leaf]

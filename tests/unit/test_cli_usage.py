@@ -26,3 +26,11 @@ def test_plan_refuses_the_placeholder_model(capsys):
     assert hybridrl_main(["plan", "--preset", "7b_8gpu"]) == 2
     err = capsys.readouterr().err
     assert "no model to plan for" in err and "--model-config" in err and "deepseek-llm-7b-chat" in err
+
+
+def test_main_generation_suggests_only_keys_it_reads(capsys):
+    from hybridrl.trainer import main_generation
+
+    assert main_generation.main(["rollout.val_kwargs.tempreture=1"]) == 2
+    msg = capsys.readouterr().err
+    assert "did you mean rollout.temperature" in msg and "val_kwargs.temperature" not in msg

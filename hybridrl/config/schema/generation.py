@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 from .common import doc
 from .rollout import RolloutConfig
@@ -61,3 +61,12 @@ class GenerationConfig:
     model: GenModelConfig = field(default_factory=GenModelConfig)
     rollout: GenRolloutConfig = field(default_factory=GenRolloutConfig)
     ray_init: dict[str, Any] = field(default_factory=lambda: {"num_cpus": None, "timeline_json_file": None})
+    # rollout.* keys the training schema has but main_generation never reads (it samples data.n_samples per prompt
+    # with rollout.temperature/top_p/top_k, computes no log-probs, syncs no weights): never offered as a did-you-mean
+    UNREAD_KEYS: ClassVar[tuple[str, ...]] = (
+        "rollout.val_kwargs", "rollout.multi_turn", "rollout.n", "rollout.mode", "rollout.nnodes",
+        "rollout.n_gpus_per_node", "rollout.data_parallel_size", "rollout.load_format", "rollout.max_model_len",
+        "rollout.calculate_log_probs", "rollout.log_prob_micro_batch_size", "rollout.log_prob_micro_batch_size_per_gpu",
+        "rollout.log_prob_use_dynamic_bsz", "rollout.log_prob_max_token_len_per_gpu",
+        "rollout.update_weights_bucket_megabytes", "rollout.direct_weight_copy", "rollout.sync_check",
+        "rollout.enable_rollout_routing_replay")
