@@ -90,7 +90,7 @@ def main() -> None:
     points = {s: time_one(llm, s, "ours", vocab, args.reps) for s in sizes}
     a, b = fit(points)
     result["variants"]["ours_gc_frozen"] = {"ms_per_step": points, "fixed_ms": a, "per_sequence_ms": b}
-    print(f"[decode probe] ours+gcfreeze " + " ".join(f"{s}: {v:.2f} ms" for s, v in points.items())
+    print("[decode probe] ours+gcfreeze " + " ".join(f"{s}: {v:.2f} ms" for s, v in points.items())
           + f"  -> {a:.2f} ms + {b * 1e3:.1f} us/seq", flush=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
