@@ -56,6 +56,8 @@ JOBS = {
     "1.5b": Job(32, 8, 256, (f"{ARA}.actor.use_kl_loss=true",)),
     # megatron_scale's 7B job (16 x 8 x 256): random init, no reference
     "7b": Job(16, 8, 256, (f"{ARA}.actor.use_kl_loss=false", f"{ARA}.actor.load_weight=false")),
+    # a model one GPU cannot hold (14.8B x 18 bytes of training state): the 7B job, random init
+    "14b": Job(16, 8, 256, (f"{ARA}.actor.use_kl_loss=false", f"{ARA}.actor.load_weight=false")),
     "tiny": Job(4, 4, 16, (f"{ARA}.actor.use_kl_loss=true",)),
 }
 
@@ -104,6 +106,13 @@ RUNS: dict[str, Run] = {
     "7b_tp4": Run("7b", 4, (f"{TP}=4", f"{RTP}=4"), SEVEN_B_SHARDED, "7B tp4 -> vLLM tp_g4"),
     "7b_pp2dp2_rdp4": Run("7b", 4, (f"{PP}=2",), SEVEN_B_SHARDED, "7B pp2 x dp2 -> vLLM tp_g1 x dp_g4",
                           (OPT_OFFLOAD, RECOMPUTE)),
+    # 14B: on two H200s only with the optimizer state on the host between steps and recompute (its step holds
+    # 127 GiB a GPU, `hybridrl plan`); four GPUs split the state enough to keep it on the GPU under tp4
+    "14b_tp2": Run("14b", 2, (f"{TP}=2", f"{RTP}=2"), (f"{ARA}.actor.ppo_max_token_len_per_gpu=4096", OPT_OFFLOAD,
+                                                        RECOMPUTE), "14B tp2 -> vLLM tp_g2, with offloads"),
+    "14b_tp4": Run("14b", 4, (f"{TP}=4", f"{RTP}=4"), SEVEN_B_SHARDED, "14B tp4 -> vLLM tp_g4", (OPT_OFFLOAD,)),
+    "14b_tp2dp2": Run("14b", 4, (f"{TP}=2", f"{RTP}=2"), SEVEN_B_SHARDED + (OPT_OFFLOAD,),
+                      "14B tp2 x dp2 -> vLLM tp_g2 x dp_g2", (f"{ARA}.actor.ppo_max_token_len_per_gpu=4096", RECOMPUTE)),
     # the dry run's rows (CPU, gloo, the torch engine)
     "tiny_1": Run("tiny", 1, (), (), "dry run, one process"),
     "tiny_dp2": Run("tiny", 2, (), (), "dry run, dp2"),
@@ -306,6 +315,11 @@ def comparisons(runs: dict[str, dict[str, Any]]) -> dict[str, Optional[float]]:
     for name in ("7b_tp2", "7b_tp2dp2"):
         if name in runs:
             m[f"train_mfu_{name}"] = runs[name].get("mfu_forward_backward")
+    for name, r in runs.items():  # the model one GPU cannot hold: measured peak over the plan in every phase
+        if r.get("shape") == "14b":
+            phases = [r.get(f"{k}_measured_over_plan") for k in ("train", "rollout", "ref")]
+            if any(v is not None for v in phases):
+                m[f"plan_peak_over_plan_max_{name}"] = max(v for v in phases if v is not None)
     for gpus in (2, 4):
         over = [r["sync_over_floor"] for r in runs.values() if r.get("gpus") == gpus and r.get("sync_over_floor")
                 and r["layout"]["tp"] * r["layout"]["pp"] > 1]

@@ -36,6 +36,8 @@ SHAPES = {  # Qwen2.5 shapes; weights are random
                num_attention_heads=16, num_key_value_heads=2, tie_word_embeddings=True),
     "7b": dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
                num_attention_heads=28, num_key_value_heads=4, tie_word_embeddings=False),
+    "14b": dict(vocab_size=152064, hidden_size=5120, intermediate_size=13824, num_hidden_layers=48,
+                num_attention_heads=40, num_key_value_heads=8, tie_word_embeddings=False),
     "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
                  num_key_value_heads=2, tie_word_embeddings=True),
 }
