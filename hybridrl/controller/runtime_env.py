@@ -12,6 +12,9 @@ import atexit
 import fnmatch
 import logging
 import os
+import shutil
+import tempfile
+import time
 from typing import Any, Iterable, Mapping
 
 __all__ = ["DEFAULT_EXCLUDES", "build_runtime_env", "forwarded_env", "init_ray", "describe_runtime_env"]
@@ -125,6 +128,12 @@ def init_ray(num_cpus: int | None = None, num_gpus: int | None = None, *, addres
     if joining:
         # an existing cluster's resources are fixed, and Ray refuses num_cpus/num_gpus when joining one
         num_cpus = num_gpus = None
+    if not joining and "_temp_dir" not in ray_kwargs:
+        # Ray's session folder and the workers' temp files (megatron-core imports wandb, whose temp folders a
+        # worker ended by Ray never removes) go into one folder of this run, removed by shutdown_ray
+        run_tmp = _new_run_temp_dir()
+        ray_kwargs["_temp_dir"] = os.path.join(run_tmp, "ray")
+        extra_env = {"TMPDIR": os.path.join(run_tmp, "tmp"), **(extra_env or {})}
     runtime_env = build_runtime_env(working_dir, extra_env)
     logger.info("starting Ray with %s", describe_runtime_env(runtime_env))
     ctx = ray.init(
@@ -140,3 +149,29 @@ def shutdown_ray() -> None:
 
     if ray.is_initialized():
         ray.shutdown()
+    remove_run_temp_dirs()
+
+
+_RUN_TEMP_DIRS: list[str] = []
+
+
+def _new_run_temp_dir() -> str:
+    """A short path (Ray's UNIX sockets live below it and must stay under 108 characters)."""
+    base = tempfile.gettempdir()
+    if len(base) > 32 and os.path.isdir("/tmp"):
+        base = "/tmp"
+    path = tempfile.mkdtemp(prefix="hybridrl-", dir=base)
+    os.makedirs(os.path.join(path, "tmp"))
+    _RUN_TEMP_DIRS.append(path)
+    return path
+
+
+def remove_run_temp_dirs() -> None:
+    """The folders init_ray made (Ray's session logs and spilled objects, the workers' temp files)."""
+    while _RUN_TEMP_DIRS:
+        path = _RUN_TEMP_DIRS.pop()
+        for _ in range(3):  # a Ray process still ending may write a last log line after the first pass
+            shutil.rmtree(path, ignore_errors=True)
+            if not os.path.exists(path):
+                break
+            time.sleep(0.5)

@@ -192,10 +192,13 @@ def main(argv: list[str] | None = None) -> int:
     prepare(out, args.sft_steps, args.seed)
     from hybridrl.trainer.checkpoint_manager import CheckpointError
     from hybridrl.trainer.ppo_trainer import run_ppo
+    from hybridrl.trainer.stopping import exit_when_stopped
 
     print(run.summary(), flush=True)
-    with user_errors("agent demo", also=(CheckpointError,)):
+    with user_errors("agent demo", also=(CheckpointError,)), exit_when_stopped(run.cfg.trainer):
         result = run_ppo(run)
+    if result.get("finished") or result.get("stopped_by"):
+        return 128 + result["stopped_by"] if result.get("stopped_by") else 0
     before, after = result["before"], result["after"]
     print(f"agent demo: finished in {time.perf_counter() - start:.0f}s")
     print(f"agent demo: val/score {100 * before.get('val/score', float('nan')):.1f} -> "

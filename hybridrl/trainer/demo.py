@@ -144,12 +144,15 @@ def main(argv: list[str] | None = None) -> int:
     prepare(out, args.sft_steps)
     from hybridrl.trainer.checkpoint_manager import CheckpointError
     from hybridrl.trainer.ppo_trainer import run_ppo
+    from hybridrl.trainer.stopping import exit_when_stopped
 
     print(run.summary(), flush=True)
-    with user_errors("demo", also=(CheckpointError,)):
+    with user_errors("demo", also=(CheckpointError,)), exit_when_stopped(run.cfg.trainer):
         result = run_ppo(run)
     if result.get("finished"):
         return 0
+    if result.get("stopped_by"):
+        return 128 + result["stopped_by"]
     # nan where a run skipped validation (trainer.val_before_train=false or test_freq=-1)
     before, after = (result[k].get("val/score", float("nan")) for k in ("before", "after"))
     print(f"demo: finished in {time.perf_counter() - start:.0f}s")

@@ -35,9 +35,12 @@ def main(argv: list[str] | None = None) -> None:
     from hybridrl.data.readers import DataFileError
     from hybridrl.trainer.checkpoint_manager import CheckpointError
     from hybridrl.trainer.ppo_trainer import run_ppo  # heavy imports only once the config is valid
+    from hybridrl.trainer.stopping import exit_when_stopped
 
-    with user_errors(also=(CheckpointError, DataFileError)):
-        run_ppo(run)
+    with user_errors(also=(CheckpointError, DataFileError)), exit_when_stopped(run.cfg.trainer):
+        result = run_ppo(run)
+    if result.get("stopped_by"):  # stopped and saved after a signal: not finished, as the shell's status says
+        raise SystemExit(128 + result["stopped_by"])
 
 
 if __name__ == "__main__":

@@ -8,9 +8,11 @@ One step:  prompts -> rollout (hybrid engine: sync weights, generate, sleep) -> 
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import time
-from typing import Any
+from typing import Any, Iterator, Optional
 
 from hybridrl.config import RunConfig
 from hybridrl.config.preflight import check_inputs
@@ -24,6 +26,7 @@ from .components import Components
 from .dynamic_sampling import Rollout
 from .metrics import compute_data_metrics, compute_throughput_metrics, compute_timing_metrics
 from .run_folder import check_run_folder
+from .stopping import StopSignals
 
 ACTOR_HEALTH = ("actor/pg_loss", "actor/grad_norm")
 CRITIC_HEALTH = ("critic/vf_loss", "critic/grad_norm")
@@ -34,9 +37,10 @@ class NonFiniteError(RuntimeError):
 
 
 class PPOTrainer:
-    def __init__(self, run: RunConfig, parts: Components) -> None:
+    def __init__(self, run: RunConfig, parts: Components, signals: Optional[StopSignals] = None) -> None:
         self.run, self.cfg, self.d = run, run.cfg, run.derived
         self.p = parts
+        self.signals = signals
         self.actor, self.critic = parts.actor_group, parts.critic_group
         self.global_step = 0
         self.first_val: dict[str, float] = {}
@@ -58,6 +62,8 @@ class PPOTrainer:
         if self.p.is_rank0:
             print(self.p.startup.summary(), flush=True)
         start = time.perf_counter()
+        if self.signals is not None:
+            self.signals.training = True  # from here a signal lets the step in flight finish and be saved
         rollouts = self.p.rollouts(self.global_step, self.generate, self.score, self.start_generation,
                                    self.finish_generation)
         for rollout in rollouts:
@@ -66,18 +72,28 @@ class PPOTrainer:
             startup = {}
             out_of_time = t.max_time_s is not None and time.perf_counter() - start > t.max_time_s
             last = self.global_step == self.p.total_steps or out_of_time
-            if t.test_freq > 0 and (self.global_step % t.test_freq == 0 or last):
+            stopping = self.signals is not None and self.signals.requested  # a signal came: save, skip validation
+            if t.test_freq > 0 and not stopping and (self.global_step % t.test_freq == 0 or last):
                 self.last_val = self.validate()
                 self.first_val = self.first_val or self.last_val
                 metrics.update(self.last_val)
-            if t.save_freq > 0 and (self.global_step % t.save_freq == 0 or last):
+            if t.save_freq > 0 and (self.global_step % t.save_freq == 0 or last or stopping):
                 metrics["timing_s/save_checkpoint"] = self.p.save(self.global_step, rollouts.loader_state())
             self.p.tracker.log(metrics, self.global_step)
             self.p.progress.update(self.global_step, metrics)
+            if stopping:
+                self.stopped_by_signal(t.save_freq > 0)
+                break
             if out_of_time:
                 print(f"hybridrl: trainer.max_time_s={t.max_time_s} reached after step {self.global_step}", flush=True)
                 break
         return self.last_val
+
+    def stopped_by_signal(self, saved: bool) -> None:
+        signal.setitimer(signal.ITIMER_REAL, 0)  # the step is saved: the rest of the shut-down may take its time
+        where = (f"saved it to {self.p.ckpt.step_dir(self.global_step)} (trainer.resume_mode=auto continues)" if saved
+                 else "nothing saved (trainer.save_freq=-1)")
+        print(f"hybridrl: stopped by {self.signals.name} after step {self.global_step}; {where}", flush=True)
 
     def train_step(self, rollout: Rollout, step: int) -> dict[str, float]:
         timing = dict(rollout.timing)
@@ -194,9 +210,29 @@ class PPOTrainer:
                 **ops.agent_metrics(tool_calls, turns, prefix="val/agent")}
 
 
+@contextlib.contextmanager
+def warnings_to_log_file(trainer_cfg: Any) -> Iterator[None]:
+    """Other packages' warnings of this run (driver and workers) go to {default_local_dir}/logs/warnings.log."""
+    folder = os.path.join(os.path.abspath(os.path.expanduser(trainer_cfg.default_local_dir)), "logs")
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, "warnings.log")
+    saved = os.environ.get(logs.WARNINGS_ENV)
+    os.environ[logs.WARNINGS_ENV] = path  # the workers' logs.setup() reads it (forwarded like HYBRIDRL_LOG_LEVEL)
+    logs.route_warnings(path)
+    print(f"hybridrl: other packages' warnings go to {path}", flush=True)
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(logs.WARNINGS_ENV, None)
+        else:
+            os.environ[logs.WARNINGS_ENV] = saved
+
+
 def run_ppo(run: RunConfig) -> dict[str, Any]:
     """Build everything from the validated config, train, and shut down cleanly (also on errors).
-    Returns the first and the last validation metrics ({"before": ..., "after": ...}); {"finished": message}
+    Returns the first and the last validation metrics ({"before": ..., "after": ...}; "stopped_by": the signal
+    that stopped it after a saved step, or None); {"finished": message}
     without starting anything when trainer.default_local_dir holds this run already finished (run_folder.py)."""
     logs.setup()
     check_inputs(run)  # model, tokenizer, data and reward files: seconds, before Ray and the workers start
@@ -204,11 +240,17 @@ def run_ppo(run: RunConfig) -> dict[str, Any]:
     if done:
         print(done, flush=True)
         return {"before": {}, "after": {}, "steps": 0, "finished": done}
-    parts = Components.build(run)
-    try:
-        trainer = PPOTrainer(run, parts)
-        final = trainer.fit()
-        parts.finish(final)
-        return {"before": trainer.first_val, "after": final, "steps": trainer.global_step}
-    finally:
-        parts.close()
+    # SIGTERM/SIGINT: stop after the step and save it (stopping.py); torchrun's ranks keep the default handlers
+    signals = StopSignals(run.cfg.trainer.stop_grace_s) if run.cfg.trainer.backend == "ray" else None
+    with signals or contextlib.nullcontext(), warnings_to_log_file(run.cfg.trainer):
+        parts = Components.build(run)
+        if signals is not None:
+            signals.install()  # ray.init replaced the SIGTERM handler
+        try:
+            trainer = PPOTrainer(run, parts, signals)
+            final = trainer.fit()
+            parts.finish(final)
+            return {"before": trainer.first_val, "after": final, "steps": trainer.global_step,
+                    "stopped_by": signals.signum if signals is not None else None}
+        finally:
+            parts.close()

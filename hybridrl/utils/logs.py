@@ -14,6 +14,12 @@ import os
 import sys
 
 LEVEL_ENV = "HYBRIDRL_LOG_LEVEL"
+# Set by the trainer's driver for its run (and forwarded to the workers as HYBRIDRL_LOG_LEVEL is): the file that
+# other packages' warnings go to, so that the console shows hybridrl's lines (route_warnings below).
+WARNINGS_ENV = "HYBRIDRL_WARNINGS_FILE"
+_PACKAGE_ROOTS = tuple(os.path.realpath(p) + os.sep for p in (
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))),  # hybridrl/
+    os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "adapters")))
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 FORMAT = "hybridrl %(levelname)s [%(name)s] %(message)s"
 
@@ -45,3 +51,31 @@ def setup() -> None:
         handler.setFormatter(logging.Formatter(FORMAT))
         logger.addHandler(handler)
     logger.propagate = False
+    if os.environ.get(WARNINGS_ENV):
+        route_warnings(os.environ[WARNINGS_ENV])
+
+
+def route_warnings(path: str) -> None:
+    """Warnings raised in other packages' code (Apex/TE fallbacks, deprecations: about 40 lines a run, from
+    every worker) are appended to `path`; hybridrl's own warnings stay on the console. Uses warnings.showwarning,
+    the hook the warnings module documents for replacing its output."""
+    import warnings
+
+    if getattr(warnings.showwarning, "_hybridrl_file", None) == path:
+        return
+    console = getattr(warnings.showwarning, "_hybridrl_console", warnings.showwarning)
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        # torch's C++ warnings carry the Python line that reached them (ours, often): its marker says whose they are
+        ours = os.path.realpath(filename).startswith(_PACKAGE_ROOTS) and "Triggered internally at" not in str(message)
+        if ours or file is not None:
+            console(message, category, filename, lineno, file, line)
+            return
+        try:
+            with open(path, "a") as f:
+                f.write(f"[pid {os.getpid()}] " + warnings.formatwarning(message, category, filename, lineno, line))
+        except OSError:
+            console(message, category, filename, lineno, file, line)
+
+    show._hybridrl_file, show._hybridrl_console = path, console
+    warnings.showwarning = show

@@ -143,3 +143,7 @@ def test_init_ray_binds_the_dashboard_to_localhost(monkeypatch, include_dashboar
     assert runtime_env.init_ray(num_cpus=2, include_dashboard=include_dashboard) == "ctx"
     assert seen["dashboard_host"] == "127.0.0.1"
     assert seen["include_dashboard"] is bool(include_dashboard)
+    run_tmp = os.path.dirname(seen["_temp_dir"])  # Ray's session folder goes into a folder of this run ...
+    assert seen["runtime_env"]["env_vars"]["TMPDIR"] == os.path.join(run_tmp, "tmp") and os.path.isdir(run_tmp)
+    runtime_env.shutdown_ray()  # ... which shutdown removes
+    assert not os.path.exists(run_tmp)
