@@ -235,11 +235,11 @@ def run_ppo(run: RunConfig) -> dict[str, Any]:
     that stopped it after a saved step, or None); {"finished": message}
     without starting anything when trainer.default_local_dir holds this run already finished (run_folder.py)."""
     logs.setup()
-    check_inputs(run)  # model, tokenizer, data and reward files: seconds, before Ray and the workers start
     done = check_run_folder(run.cfg.trainer, rank=int(os.environ.get("RANK", "0")))
-    if done:
+    if done:  # nothing to train: the inputs need no checking either
         print(done, flush=True)
         return {"before": {}, "after": {}, "steps": 0, "finished": done}
+    check_inputs(run)  # model, tokenizer, data and reward files: seconds, before Ray and the workers start
     # SIGTERM/SIGINT: stop after the step and save it (stopping.py); torchrun's ranks keep the default handlers
     signals = StopSignals(run.cfg.trainer.stop_grace_s) if run.cfg.trainer.backend == "ray" else None
     with signals or contextlib.nullcontext(), warnings_to_log_file(run.cfg.trainer):
