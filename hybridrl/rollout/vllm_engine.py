@@ -106,6 +106,7 @@ class VLLMRolloutEngine(RolloutEngine):
         cudagraph_capture_sizes: Optional[Sequence[int]] = None,
         engine_kwargs: Optional[dict[str, Any]] = None,
         record_routing: bool = False,
+        per_request_seed: bool = True,
     ) -> None:
         if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
             raise RuntimeError("VLLM_ENABLE_V1_MULTIPROCESSING must be 0 for the colocated engine (set before importing vllm)")
@@ -126,6 +127,7 @@ class VLLMRolloutEngine(RolloutEngine):
             # first load, and a later sync's load_weights or direct copy would then write the old layout.
             kwargs.setdefault("moe_backend", "triton")
         self.record_routing = record_routing
+        self.per_request_seed = per_request_seed
         if cudagraph_capture_sizes and not enforce_eager:
             compilation = dict(kwargs.pop("compilation_config", None) or {})
             if "max_cudagraph_capture_size" not in compilation:  # the user's own vLLM setting wins
@@ -195,6 +197,7 @@ class VLLMRolloutEngine(RolloutEngine):
             cudagraph_capture_sizes=r.cudagraph_capture_sizes or capture_sizes(max_batch_rows, r.max_num_seqs),
             engine_kwargs=dict((r.engine_kwargs or {}).get("vllm", {}) or {}),
             record_routing=bool(getattr(r, "enable_rollout_routing_replay", False)),
+            per_request_seed=r.per_request_seed,
         )
 
     def startup_times(self) -> dict[str, float]:
@@ -210,9 +213,7 @@ class VLLMRolloutEngine(RolloutEngine):
     def generate(self, prompts: DataProto, sampling: SamplingParams) -> DataProto:
         ids, mask = prompts.batch["input_ids"], prompts.batch["attention_mask"]
         token_lists = [row[m.bool()].tolist() for row, m in zip(ids.cpu(), mask.cpu())]
-        # per-prompt seeds so prompts do not share random draws; children get seed + index
-        params = [self._vllm_params(sampling, None if sampling.seed is None else sampling.seed + i * sampling.n)
-                  for i in range(len(token_lists))]
+        params = [self._vllm_params(sampling, seed) for seed in self._request_seeds(sampling, len(token_lists))]
         outputs = self.llm.generate([{"prompt_token_ids": t} for t in token_lists], params, use_tqdm=False)
         responses: list[list[int]] = []
         logprobs: list[list[float]] = []
@@ -236,6 +237,18 @@ class VLLMRolloutEngine(RolloutEngine):
             prompts, responses, logprobs, n=sampling.n, max_tokens=sampling.max_tokens,
             pad_token_id=self.pad_token_id, routed_experts=routed,
         )
+
+    def _request_seeds(self, sampling: SamplingParams, prompts: int) -> list[Optional[int]]:
+        """Per-prompt seeds (vLLM gives a prompt's n children seed + index), so prompts share no random draws; or,
+        without per_request_seed, none: the engine's one generator, reseeded here, draws for every sample in one
+        launch a step (vLLM's sampler loops over seeded requests one by one). Every tp_g rank of a replica reseeds
+        with the same seed, so they still generate identical tokens."""
+        if sampling.seed is None or sampling.greedy:
+            return [None] * prompts
+        if not self.per_request_seed:
+            torch.cuda.manual_seed(sampling.seed & 0xFFFF_FFFF_FFFF)
+            return [None] * prompts
+        return [sampling.seed + i * sampling.n for i in range(prompts)]
 
     def _vllm_params(self, sampling: SamplingParams, seed: Optional[int]) -> Any:
         from vllm import SamplingParams as VSampling

@@ -81,6 +81,11 @@ class RolloutConfig:
     do_sample: bool = True
     n: int = doc("Samples per prompt.", 1)
     seed: int = doc("Sampling seed (per step and rank offsets are added).", 0)
+    per_request_seed: bool = doc(
+        "vLLM: every sample draws from its own generator (seeded from seed, the step and its index), so it does not "
+        "depend on which samples share its batch; vLLM then draws the samples one by one each decode step. false: "
+        "one generator per engine, reseeded from the same seed at every generate call (reproducible for the same "
+        "batch; fewer kernel launches a step). The built-in torch engine always seeds per sample.", True)
     engine_kwargs: dict[str, Any] = field(default_factory=lambda: {"vllm": {}})
     val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)
     calculate_log_probs: bool = doc("Keep the engine's own token log-probs (needed for TIS).", False)
