@@ -25,7 +25,7 @@ from . import batch_ops as ops
 from .components import Components
 from .dynamic_sampling import Rollout
 from .metrics import compute_data_metrics, compute_throughput_metrics, compute_timing_metrics
-from .run_folder import check_run_folder
+from .run_folder import check_run_folder, clear_earlier_run
 from .stopping import StopSignals
 
 ACTOR_HEALTH = ("actor/pg_loss", "actor/grad_norm")
@@ -235,11 +235,12 @@ def run_ppo(run: RunConfig) -> dict[str, Any]:
     that stopped it after a saved step, or None); {"finished": message}
     without starting anything when trainer.default_local_dir holds this run already finished (run_folder.py)."""
     logs.setup()
-    done = check_run_folder(run.cfg.trainer, rank=int(os.environ.get("RANK", "0")))
+    done = check_run_folder(run.cfg.trainer)
     if done:  # nothing to train: the inputs need no checking either
         print(done, flush=True)
         return {"before": {}, "after": {}, "steps": 0, "finished": done}
     check_inputs(run)  # model, tokenizer, data and reward files: seconds, before Ray and the workers start
+    clear_earlier_run(run.cfg.trainer, rank=int(os.environ.get("RANK", "0")))  # only once all of that passed
     # SIGTERM/SIGINT: stop after the step and save it (stopping.py); torchrun's ranks keep the default handlers
     signals = StopSignals(run.cfg.trainer.stop_grace_s) if run.cfg.trainer.backend == "ray" else None
     with signals or contextlib.nullcontext(), warnings_to_log_file(run.cfg.trainer):

@@ -30,31 +30,37 @@ def run_entries(root: str) -> list[str]:
     return found
 
 
-def check_run_folder(trainer_cfg: Any, rank: int = 0) -> Optional[str]:
-    """None to go on; the one-line message when the run is already finished. ConfigError for a refusal."""
+def check_run_folder(trainer_cfg: Any) -> Optional[str]:
+    """None to go on; the one-line message when the run is already finished. ConfigError for a refusal. Deletes
+    nothing: clear_earlier_run does, once the run's inputs are checked too."""
     root = os.path.abspath(os.path.expanduser(trainer_cfg.default_local_dir))
     if trainer_cfg.resume_mode == "disable":
-        _fresh_start(root, trainer_cfg.overwrite_existing_run, rank)
+        held = _shown(root)
+        if held and not trainer_cfg.overwrite_existing_run:
+            raise ConfigError(f"trainer.default_local_dir={root} already holds a run ({held}) and "
+                              "trainer.resume_mode=disable would train over it: give a new trainer.default_local_dir, "
+                              "or set trainer.overwrite_existing_run=true to delete that run first "
+                              "(or trainer.resume_mode=auto to continue it)")
         return None
     path = find_resume_path(trainer_cfg)
     return None if path is None else finished_message(trainer_cfg, path)
 
 
-def _fresh_start(root: str, overwrite: bool, rank: int) -> None:
+def clear_earlier_run(trainer_cfg: Any, rank: int = 0) -> None:
+    """resume_mode=disable with overwrite_existing_run=true: delete the earlier run's entries (run_entries) only."""
+    root = os.path.abspath(os.path.expanduser(trainer_cfg.default_local_dir))
     held = sorted(run_entries(root))
-    if not held:
-        return
-    shown = ", ".join(held[:4]) + (f" and {len(held) - 4} more" if len(held) > 4 else "")
-    if not overwrite:
-        raise ConfigError(f"trainer.default_local_dir={root} already holds a run ({shown}) and "
-                          "trainer.resume_mode=disable would train over it: give a new trainer.default_local_dir, "
-                          "or set trainer.overwrite_existing_run=true to delete that run first "
-                          "(or trainer.resume_mode=auto to continue it)")
-    if rank == 0:  # torchrun: every rank runs this; one deletes
-        logger.warning("trainer.overwrite_existing_run=true: deleting the earlier run in %s (%s)", root, shown)
-        for name in held:
-            path = os.path.join(root, name)
-            shutil.rmtree(path) if os.path.isdir(path) else os.unlink(path)
+    if trainer_cfg.resume_mode != "disable" or not trainer_cfg.overwrite_existing_run or not held or rank != 0:
+        return  # torchrun: every rank runs this; rank 0 deletes
+    logger.warning("trainer.overwrite_existing_run=true: deleting the earlier run in %s (%s)", root, _shown(root))
+    for name in held:
+        path = os.path.join(root, name)
+        shutil.rmtree(path) if os.path.isdir(path) else os.unlink(path)
+
+
+def _shown(root: str) -> str:
+    held = sorted(run_entries(root))
+    return ", ".join(held[:4]) + (f" and {len(held) - 4} more" if len(held) > 4 else "")
 
 
 def finished_message(trainer_cfg: Any, step_dir: str) -> Optional[str]:

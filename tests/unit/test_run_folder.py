@@ -8,7 +8,7 @@ import pytest
 from hybridrl.config.loader import ConfigError
 from hybridrl.config.schema import TrainerConfig
 from hybridrl.trainer.checkpoint_manager import CheckpointManager, TrainerState
-from hybridrl.trainer.run_folder import check_run_folder
+from hybridrl.trainer.run_folder import check_run_folder, clear_earlier_run
 from hybridrl.utils.out_dir import MARKER, OutputDirError, claim
 
 
@@ -80,7 +80,8 @@ def test_overwrite_existing_run_deletes_that_run_and_nothing_else(tmp_path):
     saved_run(tmp_path)
     (tmp_path / "README.txt").write_text("mine")
     cfg = TrainerConfig(default_local_dir=str(tmp_path), resume_mode="disable", overwrite_existing_run=True)
-    assert check_run_folder(cfg) is None
+    assert check_run_folder(cfg) is None and len(os.listdir(tmp_path)) == 5  # checking deletes nothing
+    clear_earlier_run(cfg)
     assert os.listdir(tmp_path) == ["README.txt"]
     assert check_run_folder(TrainerConfig(default_local_dir=str(tmp_path / "new"), resume_mode="disable")) is None
 
