@@ -190,18 +190,19 @@ def run_one(name: str, args: argparse.Namespace, deadline: float) -> Optional[in
     if name.startswith("allgather_"):
         return allgather(int(name.split("_")[1]), args, deadline)
     run = RUNS[name]
-    folder = os.path.join(args.out, name)
+    label = f"{name}.{args.tag}" if args.tag else name
+    folder = os.path.join(args.out, label)
     if os.path.exists(folder):  # never mix two runs' metrics: a new name or a new --out
-        print(f"[four_gpu] {name}: {folder} exists (an earlier run's); skipped: use another --out", flush=True)
+        print(f"[four_gpu] {label}: {folder} exists (an earlier run's); skipped: use another --out or --tag", flush=True)
         return None
     os.makedirs(folder)
     device, gib = device_info(args.cpu)
     model = model_dir(run.shape, args.models)
     env = environment(run.gpus, args.cpu)
     left = deadline - time.time()
-    overrides = trainer_overrides(run, model, folder, args.steps, max(60, left - 90), args.cpu, gib)
+    overrides = trainer_overrides(run, model, folder, args.steps, max(60, left - 90), args.cpu, gib) + args.override
     plan = plan_for(overrides, gib, env, folder)
-    info = {"name": name, "shape": run.shape, "model_shape": run.shape, "gpus": run.gpus, "what": run.what,
+    info = {"name": label, "run": name, "tag": args.tag, "extra_overrides": args.override, "shape": run.shape, "model_shape": run.shape, "gpus": run.gpus, "what": run.what,
             "layout": run.actor_layout(), "device": device, "gpu_memory_gib": gib,
             "cuda_visible_devices": env.get("CUDA_VISIBLE_DEVICES"), "overrides": overrides,
             "command": " ".join([sys.executable, "-m", "hybridrl.trainer.main_ppo", *overrides]),
@@ -306,12 +307,13 @@ def comparisons(runs: dict[str, dict[str, Any]]) -> dict[str, Optional[float]]:
         return a / b if a and b else None
 
     m: dict[str, Optional[float]] = {}
-    for dp in (2, 4):
-        if f"1p5b_dp{dp}" in runs:
-            m[f"dp{dp}_scaling"] = ratio(per_gpu(f"1p5b_dp{dp}"), per_gpu("1p5b_1gpu"))
-    for name, r in runs.items():
-        if r.get("shape") == "7b" and r.get("gpus", 1) > 1:
-            m[f"tokens_per_s_per_gpu_{name}_vs_1gpu"] = ratio(per_gpu(name), per_gpu("7b_1gpu"))
+    for sfx in sorted({"." + r["tag"] if r.get("tag") else "" for r in runs.values()}):  # each --tag its own set
+        for dp in (2, 4):
+            if f"1p5b_dp{dp}{sfx}" in runs:
+                m[f"dp{dp}_scaling{sfx}"] = ratio(per_gpu(f"1p5b_dp{dp}{sfx}"), per_gpu(f"1p5b_1gpu{sfx}"))
+        for name, r in runs.items():
+            if r.get("shape") == "7b" and r.get("gpus", 1) > 1 and name.endswith(sfx) and (sfx or "." not in name):
+                m[f"tokens_per_s_per_gpu_{name}_vs_1gpu"] = ratio(per_gpu(name), per_gpu(f"7b_1gpu{sfx}"))
     for name in ("7b_tp2", "7b_tp2dp2"):
         if name in runs:
             m[f"train_mfu_{name}"] = runs[name].get("mfu_forward_backward")
@@ -391,6 +393,9 @@ def main() -> None:
     r.add_argument("--steps", type=int, default=6, help="GRPO steps a run; step 1 (warm-up) is not timed")
     r.add_argument("--budget", type=float, default=570, help="seconds for all the runs of this call")
     r.add_argument("--cpu", action="store_true")
+    r.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                   help="a trainer override added to every run of this call (an A/B: give it a --tag)")
+    r.add_argument("--tag", default="", help="runs go to NAME.TAG; the report compares runs of one tag")
     rep = sub.add_parser("report")
     rep.add_argument("--in-dir", nargs="+", required=True)
     rep.add_argument("--out", required=True)
