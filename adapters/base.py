@@ -20,8 +20,7 @@ from typing import Collection, Iterator, Optional
 
 import torch
 
-from hybridrl.controller.dispatch import DispatchInfo  # noqa: F401  (re-exported: what dispatch_info() returns)
-from hybridrl.protocol import DataProto
+from hybridrl.protocol import DataProto, DispatchInfo  # noqa: F401  (DispatchInfo: what dispatch_info() returns)
 
 WeightBucket = list[tuple[str, torch.Tensor]]  # (HuggingFace name, full unsharded tensor)
 

@@ -16,7 +16,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import torch
 
-__all__ = ["DataProto", "pad_to_multiple", "unpad"]
+__all__ = ["DataProto", "DispatchInfo", "pad_to_multiple", "unpad"]
 
 
 def _as_object_array(values: Any) -> np.ndarray:
@@ -26,6 +26,16 @@ def _as_object_array(values: Any) -> np.ndarray:
     for i, v in enumerate(values):
         out[i] = v
     return out
+
+
+@dataclass(frozen=True)
+class DispatchInfo:
+    """A worker's data-parallel position, declared with `Worker.set_dispatch_info`: which share of a DataProto
+    it takes (dp_rank of dp_size) and whether its output is collected (one rank per dp group answers)."""
+
+    dp_rank: int
+    dp_size: int
+    is_collect: bool
 
 
 @dataclass

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import torch
 
-from hybridrl.protocol import DataProto, pad_to_multiple
+from hybridrl.protocol import DataProto, DispatchInfo, pad_to_multiple
 from hybridrl.utils.registry import Registry
 
 __all__ = [
@@ -26,15 +26,6 @@ __all__ = [
     "register_dispatch_mode", "register_mesh_dispatch_mode", "get_dispatch_mode", "list_dispatch_modes",
     "plan_call", "collect_outputs", "DEFAULT_MESH",
 ]
-
-
-@dataclass(frozen=True)
-class DispatchInfo:
-    """A worker's data-parallel position, declared with `Worker.set_dispatch_info`."""
-
-    dp_rank: int
-    dp_size: int
-    is_collect: bool
 
 
 @dataclass(frozen=True)

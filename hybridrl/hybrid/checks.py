@@ -26,20 +26,11 @@ from typing import Callable, Optional
 
 import torch
 
+from hybridrl.utils.checksum import tensor_abs_sum, tensor_checksum  # noqa: F401  (tensor_checksum: re-exported)
+
 
 class WeightSyncError(RuntimeError):
     """The rollout engine does not hold what the actor sent (names the tensor)."""
-
-
-def tensor_checksum(t: torch.Tensor) -> torch.Tensor:
-    """0-dim float64 sum (a tensor, so a GPU caller can batch the host syncs; `float()` it to read)."""
-    # contiguous: the same values in the same memory order reduce in the same order on both sides.
-    return torch.sum(t.detach().contiguous(), dtype=torch.float64)
-
-
-def tensor_abs_sum(t: torch.Tensor) -> torch.Tensor:
-    """0-dim float64 sum of magnitudes: the scale of the checksum's rounding error."""
-    return torch.sum(t.detach().contiguous().abs(), dtype=torch.float64)
 
 
 def is_sampled(name: str, step: int, fraction: float) -> bool:

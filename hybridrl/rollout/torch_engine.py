@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence
 
 import torch
 
-from hybridrl.hybrid.checks import tensor_checksum
 from hybridrl.protocol import DataProto
+from hybridrl.utils.checksum import tensor_checksum
 
 from .assemble import assemble_rollout
 from .base import (

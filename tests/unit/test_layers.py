@@ -1,0 +1,82 @@
+"""The package's layers import downwards only: a module may import its own package and the packages of lower layers.
+A new upward import fails here, and so does a listed exception once it is gone (the list only shrinks; issue 36).
+Imports inside functions count: they are still a dependency, only a deferred one."""
+from __future__ import annotations
+
+import ast
+import os
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# lowest first; the agent loop drives rollout engines; config validates names against the registries below it
+# (advantages, losses, tools, readers)
+LAYERS = [("utils",), ("protocol",), ("algos", "reward"), ("rollout",), ("agent",), ("data",), ("config",),
+          ("adapters",), ("hybrid", "plan"), ("controller",), ("workers",), ("trainer", "model_merger")]
+RANK = {pkg: i for i, names in enumerate(LAYERS) for pkg in names}
+# the adapter interface (ActorModel, WeightRegion) is a contract beside DataProto: engines and workers both use it
+RANK["adapters.base"] = RANK["protocol"]
+# upward imports that exist today, each to be moved (issue 36): (importing file, imported module)
+KNOWN = {
+    ("hybridrl/config/validate.py", "hybridrl.adapters.megatron.attention"),
+    ("hybridrl/plan/cli.py", "hybridrl.trainer.main_ppo"),
+    ("hybridrl/utils/logs.py", "hybridrl.config.loader"),
+}
+
+
+def _package(path: str) -> str:
+    parts = path.split("/")
+    if parts[0] == "adapters":
+        return "adapters.base" if parts[1:] == ["base.py"] else "adapters"
+    return parts[1].removesuffix(".py")
+
+
+def _target(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[0] != "hybridrl" or len(parts) < 2:
+        return None
+    return "adapters.base" if parts[1:3] == ["adapters", "base"] else parts[1]
+
+
+def _imports(path: str):
+    tree = ast.parse(open(os.path.join(ROOT, path), encoding="utf-8").read(), path)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            yield node.module
+        elif isinstance(node, ast.Import):
+            yield from (a.name for a in node.names)
+
+
+def upward_imports() -> set[tuple[str, str]]:
+    found = set()
+    for top in ("hybridrl", "adapters"):
+        for folder, _, files in os.walk(os.path.join(ROOT, top)):
+            for name in files:
+                if not name.endswith(".py"):
+                    continue
+                path = os.path.relpath(os.path.join(folder, name), ROOT).replace(os.sep, "/")
+                own = _package(path)
+                for module in _imports(path):
+                    target = _target(module)
+                    if target and target != own and RANK.get(target, -1) > RANK.get(own, len(LAYERS)):
+                        found.add((path, module))
+    return found
+
+
+def test_every_package_has_a_layer():
+    packages = {n.removesuffix(".py") for n in os.listdir(os.path.join(ROOT, "hybridrl"))
+                if not n.startswith("_") and (n.endswith(".py") or os.path.isdir(os.path.join(ROOT, "hybridrl", n)))}
+    packages = {p for p in packages if p != "__pycache__"} | {"adapters"}
+    assert packages <= set(RANK) | {"cli"}, f"give these a layer in LAYERS: {sorted(packages - set(RANK) - {'cli'})}"
+
+
+def test_no_new_upward_imports():
+    found = upward_imports()
+    assert found - KNOWN == set(), f"upward imports (move the code down, or the import up): {sorted(found - KNOWN)}"
+    assert KNOWN - found == set(), f"gone, take them off KNOWN: {sorted(KNOWN - found)}"
+
+
+def test_the_check_sees_an_upward_import(tmp_path, monkeypatch):
+    """The walker finds a function-level import from a lower layer to a higher one (the test can fail)."""
+    os.makedirs(tmp_path / "hybridrl" / "utils")
+    (tmp_path / "hybridrl" / "utils" / "x.py").write_text("def f():\n    from hybridrl.trainer import main_ppo\n")
+    monkeypatch.setattr(__import__(__name__), "ROOT", str(tmp_path))
+    assert upward_imports() == {("hybridrl/utils/x.py", "hybridrl.trainer")}
