@@ -286,6 +286,8 @@ def check_model_fits_layout(run: RunConfig, model_dir: str) -> None:
         config = {**json.load(f), **run.cfg.actor_rollout_ref.model.override_config}
     shape = from_hf_config(config, name=os.path.basename(model_dir), source=os.path.join(model_dir, "config.json"))
     problems = shape_problems(run, shape)
+    if len(problems) == 1:  # one line, as every user error
+        raise ConfigError(f"the model does not fit the parallel layout: {problems[0].message}")
     if problems:
         raise ConfigError("the model does not fit the parallel layout:\n  - " + "\n  - ".join(p.message for p in problems))
 
