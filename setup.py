@@ -29,7 +29,8 @@ INSTALL_REQUIRES = [
 EXTRAS = {
     "gpu": ["vllm==0.26.0"],
     "data": ["reasoning-gym==0.1.25"],
-    "dev": ["pytest", "pytest-timeout", "ruff", "wandb", "reasoning-gym==0.1.25", "pandas"],
+    "dev": ["pytest", "pytest-timeout", "ruff", "wandb", "reasoning-gym==0.1.25", "pandas",
+            "peft>=0.21,<0.23"],  # the LoRA tests' independent reference (tests/dist/test_megatron_lora.py)
 }
 
 setup(

@@ -21,6 +21,7 @@ from hybridrl.config.validate import BatchPlan, ParallelLayout
 from hybridrl.protocol import DataProto
 
 from .forward import MicroBatch, response_log_probs
+from .lora import LoraSpec, disabled
 from .role import MegatronRole
 from .routing import Routing
 
@@ -43,7 +44,8 @@ class MegatronActor(MegatronRole, ActorModel):
                          override_config=model.override_config, recompute=model.enable_gradient_checkpointing,
                          load_weight=(ref or actor).load_weight, total_training_steps=total_training_steps,
                          transformer_overrides={"moe_enable_routing_replay": True} if replay else None,
-                         remove_padding=model.use_remove_padding)
+                         remove_padding=model.use_remove_padding,
+                         lora=LoraSpec.from_model(model) if actor is not None else None)
         self.objective = None if actor is None else ActorObjective.from_config(actor)
         self.routing = Routing(self.engine.chunks, replay) if self.arch.is_moe and actor is not None else None
         if actor is None:
@@ -58,6 +60,13 @@ class MegatronActor(MegatronRole, ActorModel):
                   micro_batch: Optional[int] = None) -> "MegatronActor":
         """The frozen reference policy: the actor's builder and weights, no optimizer."""
         return cls(model, None, layout, None, ref=ref, ref_micro_batch=micro_batch)
+
+    def adapters_off(self, ref: RefConfig, micro_batch: Optional[int] = None) -> "AdaptersOff":
+        """The reference policy of a LoRA actor: this actor with its adapters off (no second model)."""
+        if self.lora is None:
+            raise RuntimeError("adapters_off: the actor has no LoRA adapters (actor_rollout_ref.model.lora_rank=0)")
+        rows = micro_batch or ref.log_prob_micro_batch_size_per_gpu or self._fwd_rows
+        return AdaptersOff(self, rows, ref.log_prob_max_token_len_per_gpu if ref.log_prob_use_dynamic_bsz else None)
 
     # ---------------------------------------------------------------------------------- log-probs
     def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False) -> DataProto:
@@ -111,6 +120,30 @@ class MegatronActor(MegatronRole, ActorModel):
             return result.loss / batch.dp_size, metrics
 
         return loss_fn
+
+
+class AdaptersOff:
+    """The reference policy as the LoRA actor with its adapters off: the ref's micro-batch sizes, the actor's
+    weights. Its weights are the actor's, so offload/onload leave them alone (the actor's phases move them)."""
+
+    def __init__(self, actor: MegatronActor, rows: Optional[int], tokens: Optional[int]) -> None:
+        self.actor, self.rows, self.tokens = actor, rows, tokens
+
+    def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False) -> DataProto:
+        actor = self.actor
+        saved = actor._fwd_rows, actor._fwd_tokens
+        actor._fwd_rows, actor._fwd_tokens = self.rows, self.tokens
+        try:
+            with disabled(actor.engine.chunks):
+                return actor.compute_log_prob(data, calculate_entropy)
+        finally:
+            actor._fwd_rows, actor._fwd_tokens = saved
+
+    def offload(self, params: bool, grads: bool, optimizer: bool) -> None:
+        return None
+
+    def onload(self, params: bool, grads: bool, optimizer: bool) -> None:
+        return None
 
 
 def global_batch(mini: DataProto, loss_scale_factor: Optional[float] = None) -> GlobalBatch:

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from . import compat
+from . import compat, lora_io
 from .builder import unwrap
 from .hf_io import copy_side_files
 
@@ -59,7 +59,7 @@ def save(path: str, role: Any) -> None:
         os.makedirs(os.path.join(path, "rng"), exist_ok=True)
     dist.barrier()
     engine = role.engine
-    sharded = {"model": _model_sharded(engine)}
+    sharded = {"model": _model_sharded(role)}
     if engine.optimizer is not None:
         # No update applied yet (e.g. every step so far skipped as non-finite): torch Adam has no state,
         # and megatron's distributed optimizer cannot save that (it asserts on the missing step count).
@@ -83,7 +83,7 @@ def load(path: str, role: Any) -> None:
     meta = read_meta(path)
     check_compatible(meta, role, path)
     engine = role.engine
-    sharded = {"model": _model_sharded(engine)}
+    sharded = {"model": _model_sharded(role)}
     with_optim = engine.optimizer is not None and meta["has_optimizer"]
     if with_optim:
         _init_adam_state(engine.optimizer)
@@ -92,7 +92,9 @@ def load(path: str, role: Any) -> None:
     elif engine.optimizer is not None:
         log.warning("%s has no optimizer state: loading the model only (optimizer starts fresh)", path)
     state = dist_checkpointing.load(sharded, os.path.join(path, "dist"))
-    for i, chunk in enumerate(engine.chunks):
+    if _lora(role) is not None:
+        lora_io.load_state_dict(engine.chunks, state["model"])
+    for i, chunk in enumerate(engine.chunks if _lora(role) is None else []):
         unwrap(chunk).load_state_dict(state["model"][f"chunk{i}"], strict=True)
     if with_optim:
         _load_optimizer(engine.optimizer, state["optimizer"])
@@ -130,6 +132,10 @@ def check_compatible(meta: dict, role: Any, path: str) -> None:
             if _jsonable(v) != saved.get(k)]
     if diff:
         raise ValueError(f"{path}: checkpoint architecture differs from {role.arch.source}: " + "; ".join(diff))
+    saved_lora, mine_lora = meta.get("lora"), _lora_meta(role)
+    if saved_lora != mine_lora:
+        raise ValueError(f"{path}: saved with LoRA {saved_lora} but this actor has {mine_lora}; resume with the same "
+                         "actor_rollout_ref.model.lora_rank, lora_alpha and target_modules")
     if meta["value_head"] != role.value_head:
         kind = "critic (value head)" if meta["value_head"] else "language model"
         raise ValueError(f"{path}: is a {kind} checkpoint; it cannot load into the {role.role}")
@@ -147,8 +153,22 @@ def check_compatible(meta: dict, role: Any, path: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------ pieces
-def _model_sharded(engine: Any) -> dict:
+def _model_sharded(role: Any) -> dict:
+    """The model's sharded tensors; under LoRA the adapters only (keyed by PEFT name): the frozen base is the
+    HF folder's, recorded in meta.json (lora.base)."""
+    engine = role.engine
+    if _lora(role) is not None:
+        return lora_io.sharded_state_dict(engine.chunks, role.arch, role.layout, role.lora)
     return {f"chunk{i}": unwrap(c).sharded_state_dict() for i, c in enumerate(engine.chunks)}
+
+
+def _lora(role: Any) -> Any:
+    return getattr(role, "lora", None)
+
+
+def _lora_meta(role: Any) -> Any:
+    spec = _lora(role)
+    return None if spec is None else {"rank": spec.rank, "alpha": spec.alpha, "targets": list(spec.targets)}
 
 
 def _write_meta(path: str, role: Any) -> None:
@@ -170,6 +190,7 @@ def _write_meta(path: str, role: Any) -> None:
         "arch": {k: _jsonable(v) for k, v in dataclasses.asdict(role.arch).items() if k not in ("source", "hf_dtype")},
         "hf_dtype": role.arch.hf_dtype,
         "hf_source": str(role.hf_path),
+        "lora": _lora_meta(role),  # the base weights of a LoRA checkpoint are hf_source's
         "hf_config": role.hf_config.to_dict(),
     }
     with open(os.path.join(path, "meta.json"), "w") as f:

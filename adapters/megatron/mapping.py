@@ -272,3 +272,42 @@ def shard_shape(entry: Entry, arch: ModelArch, tp: int) -> tuple[int, ...]:
         return (shapes[0][0], shapes[0][1] // tp)
     rows = sum(s[0] for s in shapes) // tp
     return (rows, *shapes[0][1:])
+
+
+# ------------------------------------------------------------------------------------------ LoRA adapters
+# megatron linear -> (its HF modules, parallel style). A column-parallel layer splits its output rows over tp,
+# so an adapter's B splits with them (kind column) and A, which reads the whole input, is replicated; a
+# row-parallel layer splits its input columns, so A splits them (kind row) and B is replicated.
+LORA_LINEARS = {"self_attention.linear_qkv": (("q_proj", "k_proj", "v_proj"), "column"),
+                "self_attention.linear_proj": (("o_proj",), "row"),
+                "mlp.linear_fc1": (("gate_proj", "up_proj"), "column"),
+                "mlp.linear_fc2": (("down_proj",), "row")}
+PEFT_PREFIX = "base_model.model."  # PEFT keys an adapter by the wrapped model's module path
+
+
+def lora_param_name(linear: str, which: str, module: str) -> str:
+    """The adapter parameter of HF module `module` on megatron linear `linear` (which: A or B)."""
+    return f"{linear}.lora.lora_{which}.{module}"
+
+
+def lora_plan(arch: ModelArch, topo: Topology, rank: int, targets: tuple[str, ...]) -> list[Entry]:
+    """Every LoRA adapter parameter (A [rank, in], B [out, rank] per targeted HF module) with its PEFT name,
+    in a fixed order: the rows export, import and the checkpoint's layout-free keys share."""
+    h, f = arch.hidden_size, arch.ffn_hidden_size
+    nq, nkv = arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
+    dims = {"q_proj": (h, nq), "k_proj": (h, nkv), "v_proj": (h, nkv), "o_proj": (nq, h),
+            "gate_proj": (h, f), "up_proj": (h, f), "down_proj": (f, h)}  # (in, out) of each HF module
+    out = []
+    for layer in range(arch.num_layers):
+        pp_rank, vp_stage, local = layer_owner(layer, arch, topo)
+        for linear, (modules, style) in LORA_LINEARS.items():
+            block = "self_attn" if linear.startswith("self_attention") else "mlp"
+            for module in (m for m in modules if m in targets):
+                fan_in, fan_out = dims[module]
+                hf = f"{PEFT_PREFIX}model.layers.{layer}.{block}.{module}"
+                mcore = f"decoder.layers.{local}.{linear}"
+                out += [Entry(lora_param_name(mcore, "A", module), (f"{hf}.lora_A.weight",), ((rank, fan_in),),
+                              "row" if style == "row" else "replicated", pp_rank, vp_stage),
+                        Entry(lora_param_name(mcore, "B", module), (f"{hf}.lora_B.weight",), ((fan_out, rank),),
+                              "column" if style == "column" else "replicated", pp_rank, vp_stage)]
+    return out

@@ -16,10 +16,12 @@ from hybridrl.config.schema.common import MegatronConfig, OptimConfig
 from hybridrl.config.validate import ParallelLayout
 
 from . import checkpoint, offload, parallel
+from . import lora as lora_mod
 from .batching import micro_batches, mini_batch_rows, row_lengths, split_tokens
 from .builder import build_model
 from .engine import Engine, broadcast_from_last_stage, main_param_writer, max_over_dp, sum_over_dp
 from .hf_config import arch_from_hf, load_hf_config
+from .lora import LoraSpec
 from .weights import export_hf_weights, load_hf_weights, local_regions, loses_precision
 
 log = logging.getLogger(__name__)
@@ -33,7 +35,8 @@ class MegatronRole:
     def __init__(self, hf_path: str, megatron: MegatronConfig, layout: ParallelLayout, *,
                  optim: Optional[OptimConfig], value_head: bool = False, override_config: Optional[dict] = None,
                  recompute: bool = False, load_weight: bool = True, total_training_steps: Optional[int] = None,
-                 transformer_overrides: Optional[dict] = None, remove_padding: bool = False) -> None:
+                 transformer_overrides: Optional[dict] = None, remove_padding: bool = False,
+                 lora: Optional[LoraSpec] = None) -> None:
         parallel.init_megatron(layout, seed=megatron.seed)
         self.hf_path = hf_path
         self.hf_config = _with_overrides(load_hf_config(hf_path), override_config or {})
@@ -51,6 +54,11 @@ class MegatronRole:
         if load_weight:
             load_hf_weights(chunks, hf_path, self.arch, layout, value_head=value_head,
                             into=functools.partial(_load_noting_rounding, rounded))
+        self.lora = lora  # LoRA: the base is frozen and the optimizer holds the adapters only (lora.py)
+        self._lora_entries = []  # this rank's adapter parameters (mapping.lora_plan rows)
+        if lora is not None:
+            self._lora_entries = lora_mod.attach(chunks, self.arch, layout, lora, seed=megatron.seed)
+            rounded = []  # the frozen base has no master weights to start from the checkpoint's values
         self.engine = Engine(chunks, layout, optim, megatron.use_distributed_optimizer and optim is not None,
                              total_training_steps, megatron.override_ddp_config)
         if rounded and self.engine.optimizer is not None:
@@ -86,11 +94,16 @@ class MegatronRole:
 
     def export_weights(self, bucket_bytes: int, names: Optional[Collection[str]] = None) -> Iterator[WeightBucket]:
         """Full HF-named tensors in buckets (collective); parameters must be on the device (onload first)."""
+        # LoRA: the base weights with the adapters merged in, so the rollout engine computes what the actor does.
+        # TODO(issue 40, GPU): vLLM LoRA requests (adapter-only sync, lora_io.write_peft_adapter's tensors) instead.
+        merged = lora_mod.merged_params(self.engine.chunks) if self.lora is not None else None
         return export_hf_weights(self.engine.chunks, self.arch, self.layout, bucket_bytes, value_head=self.value_head,
-                                 names=names)
+                                 names=names, params=merged)
 
     def weight_regions(self) -> Optional[list[WeightRegion]]:
         # Views stay valid across offload/onload: that resizes the storages the views share.
+        if self.lora is not None:  # the live params hold the base, not the merged weights the engine needs
+            return None
         if self._regions is None:
             self._regions = local_regions(self.engine.chunks, self.arch, self.layout, value_head=self.value_head) or []
         return self._regions or None

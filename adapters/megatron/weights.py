@@ -17,7 +17,7 @@ for the rollout's direct copy when the engine's layout matches the training layo
 from __future__ import annotations
 
 import math
-from typing import Callable, Collection, Iterator, Optional
+from typing import Callable, Collection, Iterator, Mapping, Optional
 
 import torch
 import torch.distributed as dist
@@ -134,22 +134,26 @@ def _check_shapes(entry: Entry, reader: SafetensorsReader) -> None:
 
 def export_hf_weights(chunks: list[torch.nn.Module], arch: ModelArch, layout: ParallelLayout,
                       bucket_bytes: int = 512 << 20, value_head: bool = False,
-                      names: Optional[Collection[str]] = None) -> Iterator[WeightBucket]:
+                      names: Optional[Collection[str]] = None, entries: Optional[list[Entry]] = None,
+                      params: Optional[list[Mapping[str, torch.Tensor]]] = None) -> Iterator[WeightBucket]:
     """Yield lists of (hf_name, full tensor) of about `bucket_bytes` on every rank (collective).
 
     Every rank must iterate to the end (the collectives run inside the generator) and pass the same
     `names` (only those HF weights; None: all). Tensors are in the model dtype on the training device
     and may alias live parameters: copy them before the next update.
     Bucket boundaries follow the plan order and the HF sizes alone, so every rank cuts the same buckets.
+    `entries` (default: the model's plan) and `params` (default: the chunks' parameters by name) let LoRA
+    export its adapters under PEFT's names, or the base weights with the adapters merged in (lora.py).
     """
     from megatron.core import parallel_state as ps
 
     _, pp_rank = _ranks()
-    params = _params(chunks)
-    dtype = next(iter(params[0].values())).dtype
+    params = params if params is not None else _params(chunks)
+    dtype = next(iter(_params(chunks)[0].values())).dtype
     wanted = None if names is None else set(names)
     topo = topology(chunks, layout, value_head)
-    entries = [e for e in plan(arch, topo) if e.export and (wanted is None or not wanted.isdisjoint(e.hf))]
+    entries = [e for e in (plan(arch, topo) if entries is None else entries)
+               if e.export and (wanted is None or not wanted.isdisjoint(e.hf))]
     for group in _buckets(entries, wanted, dtype.itemsize, bucket_bytes):
         owned = [e for e in group if _owns(e, pp_rank)]
         full = _gather_on_owner(owned, params, arch, topo)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from .algorithm_checks import AlgorithmPlan, check_algorithm
+from .lora_checks import check_lora
 from .placement import Placement, check_placement
 from .problems import Problems as _Problems
 from .problems import choices as _choices
@@ -340,7 +341,6 @@ def _check_actor(cfg: PPOConfig, p: _Problems) -> None:
         v = getattr(actor, name)
         p.check(v is None or v > 0, f"{key}.{name}={v} must be > 0")
     p.check(actor.clip_ratio_c > 1, f"{key}.clip_ratio_c={actor.clip_ratio_c} must be > 1 (dual-clip bound)")
-    p.check(cfg.actor_rollout_ref.model.lora_rank == 0, f"{ARA}.model.lora_rank: LoRA is not supported yet; set it to 0")
     replay = actor.router_replay.mode
     _choices(f"{key}.router_replay.mode", replay, ["disabled", "R2", "R3"], p)
     p.check(replay != "R2", f"{key}.router_replay.mode=R2 (replaying the actor's own old-log-prob routing) is not "
@@ -432,6 +432,7 @@ def validate(cfg: PPOConfig, cuda_available: Optional[Callable[[], bool]] = None
     check_multi_turn(cfg, rollout, p)
     _check_data(cfg, p)
     _check_actor(cfg, p)
+    check_lora(cfg, device, te_available, p)
     algorithm = check_algorithm(cfg, rollout.n, p)
     _check_trainer(cfg, p)
     _check_rewards(cfg, p)

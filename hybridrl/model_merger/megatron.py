@@ -11,6 +11,7 @@ Both check their inputs first and fail with the path or field to fix.
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
 import math
 import os
@@ -23,6 +24,7 @@ import torch
 from hybridrl.utils.net import free_port
 
 PREFIX = "[convert]"
+LORA_DIR = "lora_adapter"  # merge of a LoRA checkpoint: the PEFT adapter next to the merged model
 
 
 def log(msg: str) -> None:
@@ -42,6 +44,7 @@ class ConvertedModel:
     role: str = "actor"
     updates: int = 0
     megatron: Any = None
+    lora: Any = None  # a LoRA checkpoint's adapters.lora.LoraSpec (the checkpoint holds the adapters only)
 
 
 # ------------------------------------------------------------------------------------------ HF -> mcore
@@ -114,7 +117,7 @@ def _hf_to_mcore_rank(rank: int, world: int, port: int, hf_dir: str, out: str, t
 # ------------------------------------------------------------------------------------------ mcore -> HF
 def mcore_to_hf(ckpt_dir: str, out: str, hf_config_dir: Optional[str] = None, bucket_bytes: int = 1 << 30) -> None:
     """Write the model of a hybridrl megatron checkpoint as an HF folder (safetensors + config + tokenizer)."""
-    from hybridrl.adapters.megatron import checkpoint, compat, parallel
+    from hybridrl.adapters.megatron import checkpoint, compat, lora, parallel
     from hybridrl.adapters.megatron.builder import DTYPES, build_model
     from hybridrl.adapters.megatron.engine import Engine
     from hybridrl.adapters.megatron.hf_config import arch_from_hf, load_hf_config
@@ -138,8 +141,9 @@ def mcore_to_hf(ckpt_dir: str, out: str, hf_config_dir: Optional[str] = None, bu
     log(f"{ckpt_dir}: {meta['role']} step {meta['step']}, saved at tp={saved['tp']} pp={saved['pp']} "
         f"dp={saved['dp']}; loading at tp=1 pp=1")
     chunks = build_model(arch, layout, value_head=meta["value_head"], overrides={"perform_initialization": False})
+    spec = _lora_base(chunks, arch, layout, meta, ckpt_dir, hf_config_dir)
     model = ConvertedModel(Engine(chunks, layout), arch, layout, config_dir, hf_config, value_head=meta["value_head"],
-                           role=meta["role"], megatron=MegatronConfig(use_distributed_optimizer=False))
+                           role=meta["role"], megatron=MegatronConfig(use_distributed_optimizer=False), lora=spec)
     try:
         checkpoint.load(ckpt_dir, model)
     except (EOFError, RuntimeError, OSError, ValueError) as e:  # no manifest to name the file (e.g. hf-to-mcore's)
@@ -149,13 +153,42 @@ def mcore_to_hf(ckpt_dir: str, out: str, hf_config_dir: Optional[str] = None, bu
         raise FileExistsError(f"--target_dir/--out {out} exists and is not empty; choose a new folder")
     writer = SafetensorsWriter(out, dtype=DTYPES[meta.get("hf_dtype", "float32")])
     written = 0
-    for bucket in export_hf_weights(model.engine.chunks, arch, layout, bucket_bytes, value_head=meta["value_head"]):
+    merged = lora.merged_params(model.engine.chunks) if spec is not None else None  # base + adapters
+    for bucket in export_hf_weights(model.engine.chunks, arch, layout, bucket_bytes, value_head=meta["value_head"],
+                                    params=merged):
         writer.write(bucket)
         written += len(bucket)
         log(f"wrote {written} tensors ({writer.total_bytes / 2**20:.1f} MiB)")
     writer.close()
     copied = copy_side_files(config_dir, out)
+    if spec is not None:
+        from hybridrl.adapters.megatron.lora_io import write_peft_adapter
+
+        names = write_peft_adapter(model.engine.chunks, arch, layout, spec, os.path.join(out, LORA_DIR), meta["hf_source"])
+        log(f"wrote the PEFT adapter ({len(names)} tensors, r={spec.rank}) to {os.path.join(out, LORA_DIR)}")
     log(f"done: {out} ({', '.join(copied)})")
+
+
+def _lora_base(chunks: list, arch: Any, layout: Any, meta: dict, ckpt_dir: str, hf_model_path: Optional[str]) -> Any:
+    """A LoRA checkpoint holds the adapters only: load the frozen base from the HF folder it was trained from
+    (--hf_model_path if it holds weights, else meta.json's hf_source) and add the adapters; None otherwise."""
+    from hybridrl.adapters.megatron import lora
+    from hybridrl.adapters.megatron.weights import load_hf_weights
+
+    saved = meta.get("lora")
+    if not saved:
+        return None
+    candidates = [p for p in (hf_model_path, meta.get("hf_source")) if p]
+    base = next((p for p in candidates if glob.glob(os.path.join(os.path.expanduser(p), "*.safetensors"))), None)
+    if base is None:
+        raise FileNotFoundError(f"{ckpt_dir} is a LoRA checkpoint (adapters only); its base model "
+                                f"{meta.get('hf_source')} has no *.safetensors here: pass --hf_model_path with the "
+                                "base HF folder")
+    load_hf_weights(chunks, base, arch, layout)
+    spec = lora.LoraSpec(int(saved["rank"]), float(saved["alpha"]), tuple(saved["targets"]))
+    lora.attach(chunks, arch, layout, spec, seed=0)  # values come from the checkpoint
+    log(f"LoRA checkpoint: base weights from {base}, r={spec.rank} alpha={spec.alpha} on {', '.join(spec.targets)}")
+    return spec
 
 
 def _check_checkpoint_files(ckpt_dir: str, meta: dict, config_dir: str) -> None:

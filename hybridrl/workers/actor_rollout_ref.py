@@ -84,7 +84,9 @@ class ActorRolloutRefWorker(Worker):
         with timed(times, "actor_build"):
             self.actor = _actor_class(run)(model, ara.actor, d.actor, d.actor_batch,
                                            total_training_steps=self.total_training_steps)
-        if d.use_reference:
+        if d.use_reference and getattr(self.actor, "lora", None) is not None:  # LoRA: the actor, adapters off
+            self.ref = self.actor.adapters_off(ara.ref, d.ref_forward_micro_batch_per_gpu)
+        elif d.use_reference:
             with timed(times, "ref_build"):
                 self.ref = MegatronActor.reference(model, ara.ref, d.actor, d.ref_forward_micro_batch_per_gpu)
             if ara.ref.megatron.param_offload:  # its weights wait in host memory for its log-prob pass

@@ -18,7 +18,16 @@ class ModelConfig:
     use_remove_padding: bool = False
     use_fused_kernels: bool = False
     trust_remote_code: bool = False
-    lora_rank: int = 0
+    lora_rank: int = doc("LoRA rank of the actor's adapters (adapters/megatron/lora.py); 0: full fine-tuning. With "
+                         "LoRA the reference is the actor with its adapters off (no second model).", 0)
+    lora_alpha: float = doc("LoRA scaling numerator: the adapters' output is scaled by lora_alpha/lora_rank.", 16)
+    target_modules: Any = doc("Linear layers that get adapters: all-linear, or a list of q_proj, k_proj, v_proj, "
+                              "o_proj, gate_proj, up_proj, down_proj (megatron's linear_qkv, linear_proj, linear_fc1, "
+                              "linear_fc2 name their groups).", "all-linear")
+    exclude_modules: Any = doc("Linear layers left without adapters (same names as target_modules); null: none.", None)
+    lora_adapter_path: Optional[str] = doc("A PEFT adapter folder (adapter_config.json + adapter_model.safetensors) "
+                                           "to start from; its r, lora_alpha and target_modules must match the keys.",
+                                           None)
     gguf_file: Optional[str] = doc("GGUF file inside `path` to load (dequantized to float).", None)
 
 

@@ -1,0 +1,139 @@
+"""LoRA adapters in and out: PEFT adapter folders (import and export) and the checkpoint's adapter tensors.
+
+A PEFT adapter folder is adapter_config.json + adapter_model.safetensors keyed by PEFT's names
+(base_model.model.model.layers.<i>.self_attn.q_proj.lora_A.weight, ...): mapping.lora_plan gives every
+adapter parameter its name, so import, export and checkpoints go through the one mapping like the base.
+Checkpoints hold the adapters only, keyed by those names (layout-free, so a tp2 save loads at tp1); the
+frozen base comes from the HF folder the actor was built from, recorded in meta.json.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+
+from hybridrl.config.lora_checks import lora_targets
+from hybridrl.config.validate import ParallelLayout
+
+from .builder import unwrap
+from .hf_config import ModelArch
+from .hf_io import SafetensorsReader
+from .lora import MODEL_KEY, LoraSpec, adapters
+from .mapping import Entry, Topology, lora_plan
+
+CONFIG = "adapter_config.json"
+WEIGHTS = "adapter_model.safetensors"
+
+
+# ------------------------------------------------------------------------------------------ PEFT folders
+def read_peft_config(folder: str) -> dict:
+    path = os.path.join(os.path.expanduser(folder), CONFIG)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{MODEL_KEY}.lora_adapter_path={folder}: no {CONFIG} (a PEFT adapter folder holds "
+                                f"{CONFIG} and {WEIGHTS})")
+    with open(path) as f:
+        return json.load(f)
+
+
+def check_peft_config(config: dict, spec: LoraSpec, folder: str) -> None:
+    """The adapter must be the LoRA the keys describe: plain LoRA, same r, alpha and modules."""
+    where = f"{MODEL_KEY}.lora_adapter_path={folder}"
+    if config.get("peft_type", "LORA") != "LORA" or config.get("use_dora") or config.get("use_rslora"):
+        raise ValueError(f"{where}: only plain LoRA adapters load (peft_type LORA, no DoRA, no rsLoRA)")
+    if config.get("bias", "none") != "none" or config.get("lora_bias") or config.get("modules_to_save"):
+        raise ValueError(f"{where}: adapters with trained biases or modules_to_save are not supported")
+    if config.get("rank_pattern") or config.get("alpha_pattern"):
+        raise ValueError(f"{where}: per-layer rank_pattern / alpha_pattern are not supported")
+    if int(config.get("r", 0)) != spec.rank:
+        raise ValueError(f"{where} has r={config.get('r')}; set {MODEL_KEY}.lora_rank={config.get('r')}")
+    if float(config.get("lora_alpha", 0)) != spec.alpha:
+        raise ValueError(f"{where} has lora_alpha={config.get('lora_alpha')}; set "
+                         f"{MODEL_KEY}.lora_alpha={config.get('lora_alpha')}")
+    theirs = lora_targets(config.get("target_modules"), config.get("exclude_modules"))
+    if theirs != spec.targets:
+        raise ValueError(f"{where} adapts {', '.join(theirs)}; set {MODEL_KEY}.target_modules=[{','.join(theirs)}] "
+                         f"(now {', '.join(spec.targets)})")
+
+
+class PeftReader(SafetensorsReader):
+    """A mapping.Reader over a PEFT adapter folder whose config matches the spec."""
+
+    def __init__(self, spec: LoraSpec) -> None:
+        check_peft_config(read_peft_config(spec.adapter_path), spec, spec.adapter_path)
+        super().__init__(spec.adapter_path)
+
+
+def write_peft_adapter(chunks: list[torch.nn.Module], arch: ModelArch, layout: ParallelLayout, spec: LoraSpec,
+                       out: str, base_model: Optional[str] = None) -> Optional[list[str]]:
+    """Collective: gather every adapter under PEFT's names and, on global rank 0, write `out`/adapter_config.json
+    and adapter_model.safetensors (float32). Returns the tensor names written on rank 0, None elsewhere."""
+    from safetensors.torch import save_file
+
+    from .weights import export_hf_weights
+
+    topo = Topology(tp=layout.tp, pp=layout.pp, vpp=layout.vpp)
+    tensors: dict[str, torch.Tensor] = {}
+    for bucket in export_hf_weights(chunks, arch, layout, entries=lora_plan(arch, topo, spec.rank, spec.targets)):
+        tensors.update({n: t.detach().to("cpu", torch.float32).contiguous() for n, t in bucket})
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return None
+    os.makedirs(out, exist_ok=True)
+    save_file(tensors, os.path.join(out, WEIGHTS), metadata={"format": "pt"})
+    with open(os.path.join(out, CONFIG), "w") as f:
+        json.dump(peft_config(spec, base_model), f, indent=2)
+    return sorted(tensors)
+
+
+def peft_config(spec: LoraSpec, base_model: Optional[str]) -> dict:
+    """adapter_config.json as PEFT (and vLLM's LoRA loader) read it."""
+    return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model,
+            "r": spec.rank, "lora_alpha": spec.alpha, "target_modules": list(spec.targets), "lora_dropout": 0.0,
+            "bias": "none", "fan_in_fan_out": False, "use_rslora": False, "use_dora": False,
+            "init_lora_weights": True, "inference_mode": True, "modules_to_save": None,
+            "revision": None}
+
+
+# ------------------------------------------------------------------------------------------ checkpoints
+def _local_entries(chunks: list[torch.nn.Module], arch: ModelArch, layout: ParallelLayout,
+                   spec: LoraSpec) -> list[Entry]:
+    from megatron.core import parallel_state as ps
+
+    pp_rank = ps.get_pipeline_model_parallel_rank()
+    topo = Topology(tp=layout.tp, pp=layout.pp, vpp=layout.vpp)
+    return [e for e in lora_plan(arch, topo, spec.rank, spec.targets) if e.pp_rank == pp_rank]
+
+
+def sharded_state_dict(chunks: list[torch.nn.Module], arch: ModelArch, layout: ParallelLayout,
+                       spec: LoraSpec) -> dict[str, Any]:
+    """The adapters as megatron ShardedTensors keyed by PEFT name (checkpoint.py's "model" under LoRA): column
+    B split on dim 0 and row A on dim 1 over tp, the rest replicated."""
+    from megatron.core.utils import make_sharded_tensor_for_checkpoint, make_tp_sharded_tensor_for_checkpoint
+
+    params = [dict(unwrap(c).named_parameters()) for c in chunks]
+    out: dict[str, Any] = {f"chunk{i}": {} for i in range(len(chunks))}
+    for e in _local_entries(chunks, arch, layout, spec):
+        p, key = params[e.vp_stage][e.mcore], "lora." + e.hf[0]
+        if e.kind == "replicated":
+            sharded = make_sharded_tensor_for_checkpoint(p, key)
+        else:
+            sharded = make_tp_sharded_tensor_for_checkpoint(p, key, tp_axis=0 if e.kind == "column" else 1)
+        out[f"chunk{e.vp_stage}"][e.mcore] = sharded
+    return out
+
+
+def load_state_dict(chunks: list[torch.nn.Module], state: dict[str, Any]) -> None:
+    """Copy loaded adapter tensors (sharded_state_dict's structure) into the adapters; every adapter must be there."""
+    for i, chunk in enumerate(chunks):
+        params = dict(unwrap(chunk).named_parameters())
+        mine = {n for _, linear, a in adapters([chunk]) for n, _ in a.named_parameters(prefix=f"{linear}.lora")}
+        loaded = state.get(f"chunk{i}", {})
+        if set(loaded) != mine:
+            raise ValueError(f"checkpoint adapters do not match the model's (missing {sorted(mine - set(loaded))[:3]}, "
+                             f"extra {sorted(set(loaded) - mine)[:3]}); resume with the same {MODEL_KEY}.lora_rank "
+                             "and target_modules")
+        with torch.no_grad():
+            for name, tensor in loaded.items():
+                params[name].copy_(tensor)

@@ -1,0 +1,66 @@
+"""actor_rollout_ref.model.lora_*: which linear layers get LoRA adapters, and what LoRA cannot run with yet.
+
+The names are HuggingFace's (what PEFT's target_modules say and what an exported adapter is keyed by);
+megatron's fused layers name their groups (linear_qkv = q_proj, k_proj, v_proj; linear_fc1 = gate_proj,
+up_proj), as verl's megatron LoRA config spells them.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from .problems import Problems
+
+MODEL = "actor_rollout_ref.model"
+LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+GROUPS = {"all-linear": LORA_MODULES, "linear_qkv": ("q_proj", "k_proj", "v_proj"), "linear_proj": ("o_proj",),
+          "linear_fc1": ("gate_proj", "up_proj"), "linear_fc2": ("down_proj",)}
+
+
+def _names(value: Any, key: str) -> list[str]:
+    """A list, a comma-separated string or one name -> HF module names; ValueError naming `key`."""
+    if value is None:
+        return []
+    items = value.split(",") if isinstance(value, str) else list(value)
+    out: list[str] = []
+    for item in (str(i).strip() for i in items):
+        if item in GROUPS:
+            out += GROUPS[item]
+        elif item in LORA_MODULES:
+            out.append(item)
+        elif item:
+            raise ValueError(f"{key}: {item!r} is not one of all-linear, {', '.join(LORA_MODULES)} "
+                             f"(or megatron's {', '.join(k for k in GROUPS if k != 'all-linear')})")
+    return out
+
+
+def lora_targets(target_modules: Any, exclude_modules: Any = None) -> tuple[str, ...]:
+    """The HF module names that get adapters, in LORA_MODULES order; ValueError naming the key at fault."""
+    wanted = set(_names(target_modules, f"{MODEL}.target_modules"))
+    wanted -= set(_names(exclude_modules, f"{MODEL}.exclude_modules"))
+    if not wanted:
+        raise ValueError(f"{MODEL}.target_modules={target_modules!r} (minus exclude_modules={exclude_modules!r}) "
+                         "leaves no layer for the adapters; name at least one, e.g. all-linear")
+    return tuple(m for m in LORA_MODULES if m in wanted)
+
+
+def check_lora(cfg: Any, device: str, te_available: Callable[[], bool], p: Problems) -> None:
+    """LoRA keys and the combinations that cannot run with adapters yet (each names the key to change)."""
+    model = cfg.actor_rollout_ref.model
+    if not p.check(model.lora_rank >= 0, f"{MODEL}.lora_rank={model.lora_rank} must be >= 0 (0: no LoRA)"):
+        return
+    if model.lora_rank == 0:
+        if model.lora_adapter_path:
+            p.errors.append(f"{MODEL}.lora_adapter_path is set but {MODEL}.lora_rank=0; set lora_rank to the "
+                            "adapter's r")
+        return
+    p.check(model.lora_alpha > 0, f"{MODEL}.lora_alpha={model.lora_alpha} must be > 0")
+    try:
+        lora_targets(model.target_modules, model.exclude_modules)
+    except ValueError as e:
+        p.errors.append(str(e))
+    impl = cfg.actor_rollout_ref.actor.megatron.transformer_impl
+    te = impl == "transformer_engine" or (impl is None and device == "cuda" and te_available())
+    # transformer-engine fuses the norm into linear_qkv / linear_fc1, so the layer's input is not what an
+    # adapter must see; lora.py wraps the local spec's layers only.
+    p.check(not te, f"{MODEL}.lora_rank={model.lora_rank}: LoRA runs on the local layer spec only for now; set "
+                    "actor_rollout_ref.actor.megatron.transformer_impl=local (and the same for ref.megatron)")
