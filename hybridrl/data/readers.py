@@ -92,11 +92,11 @@ def read_files(
 def read_file(path: str) -> tuple[list[dict[str, Any]], list[str]]:
     """(rows, column names) of one file; errors name the file."""
     path = os.path.expanduser(path)
+    if os.path.isdir(path):  # before the extension: a folder has none, and "unknown extension ''" said nothing
+        raise DataFileError(path, f"is a directory; list the data files in it ({', '.join(SUPPORTED_EXTENSIONS)})")
     ext = _extension(path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: no such file")
-    if os.path.isdir(path):
-        raise DataFileError(path, "is a directory; list the data files themselves")
     if os.path.getsize(path) == 0:
         raise DataFileError(path, "empty file (0 bytes)")
     if ext == ".jsonl":

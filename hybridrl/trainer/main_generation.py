@@ -133,7 +133,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     if cfg.data.n_samples < 1 or cfg.data.batch_size < 1:
         print("hybridrl: data.n_samples and data.batch_size must be >= 1", file=sys.stderr)
         return 2
-    print(f"main_generation: wrote {generate(cfg)}")
+    from hybridrl.config.cli import user_errors
+    from hybridrl.data.readers import DataFileError
+
+    # a missing or unusable model folder or data file is the user's to fix: one line naming it, no traceback
+    with user_errors(also=(FileNotFoundError, DataFileError)):
+        print(f"main_generation: wrote {generate(cfg)}")
     return 0
 
 

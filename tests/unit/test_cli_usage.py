@@ -34,3 +34,13 @@ def test_main_generation_suggests_only_keys_it_reads(capsys):
     assert main_generation.main(["rollout.val_kwargs.tempreture=1"]) == 2
     msg = capsys.readouterr().err
     assert "did you mean rollout.temperature" in msg and "val_kwargs.temperature" not in msg
+
+
+def test_main_generation_names_an_empty_model_folder_in_one_line(tmp_path, capsys):
+    from hybridrl.trainer import main_generation
+
+    with pytest.raises(SystemExit) as err:
+        main_generation.main([f"model.path={tmp_path}", f"data.path={tmp_path / 'x.parquet'}", "trainer.device=cpu"])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert err.value.code == 2 and lines == [f"hybridrl: model.path={tmp_path}: no config.json, so not a HuggingFace "
+                                             "model folder (the folder is empty)"]
