@@ -119,6 +119,19 @@ def generate(cfg: GenerationConfig, device: Optional[str] = None) -> str:
     return write_parquet(rows, cfg.data.output_path)
 
 
+def output_problem(data: Any) -> Optional[str]:
+    """Why data.output_path must not be written, or None."""
+    out = os.path.abspath(os.path.expanduser(data.output_path))
+    if out == os.path.abspath(os.path.expanduser(data.path)):
+        return f"data.output_path={data.output_path} is the input data.path; give another file"
+    if os.path.isdir(out):
+        return f"data.output_path={data.output_path} is a folder; give a .parquet file path"
+    if os.path.exists(out) and not data.overwrite_output:
+        return (f"data.output_path={data.output_path} exists; give a new path, or set data.overwrite_output=true "
+                "to replace it")
+    return None
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     cl = parse_command_line(sys.argv[1:] if argv is None else argv, default_config="generation")
     try:
@@ -132,6 +145,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 0
     if cfg.data.n_samples < 1 or cfg.data.batch_size < 1:
         print("hybridrl: data.n_samples and data.batch_size must be >= 1", file=sys.stderr)
+        return 2
+    problem = output_problem(cfg.data)
+    if problem:  # before the model loads: the answer costs nothing here
+        print(f"hybridrl: {problem}", file=sys.stderr)
         return 2
     from hybridrl.config.cli import user_errors
     from hybridrl.data.readers import DataFileError

@@ -44,3 +44,20 @@ def test_main_generation_names_an_empty_model_folder_in_one_line(tmp_path, capsy
     lines = capsys.readouterr().err.strip().splitlines()
     assert err.value.code == 2 and lines == [f"hybridrl: model.path={tmp_path}: no config.json, so not a HuggingFace "
                                              "model folder (the folder is empty)"]
+
+
+def test_main_generation_never_overwrites_a_file_unasked(tmp_path, capsys):
+    from hybridrl.trainer import main_generation
+
+    data, out = tmp_path / "in.parquet", tmp_path / "out.parquet"
+    data.write_bytes(b"input")
+    out.write_bytes(b"earlier")
+    base = [f"model.path={tmp_path / 'nomodel'}", f"data.path={data}", "trainer.device=cpu"]
+    assert main_generation.main(base + [f"data.output_path={out}"]) == 2
+    assert main_generation.main(base + [f"data.output_path={data}"]) == 2
+    err = capsys.readouterr().err
+    assert "exists; give a new path, or set data.overwrite_output=true" in err and "is the input data.path" in err
+    assert data.read_bytes() == b"input" and out.read_bytes() == b"earlier"
+    with pytest.raises(SystemExit):  # allowed now: it goes on to the model, which is missing
+        main_generation.main(base + [f"data.output_path={out}", "data.overwrite_output=true"])
+    assert "nomodel: not a local folder" in capsys.readouterr().err

@@ -22,6 +22,8 @@ class GenDataConfig:
     n_samples: int = doc("Responses per prompt.", 5)
     output_path: str = doc("Parquet written: the input rows plus a `responses` column (a list of n strings).",
                            "generations.parquet")
+    overwrite_output: bool = doc("An existing output_path is refused (main_generation never replaces a file it may not "
+                                 "have written); true replaces it. The input data.path is never overwritten.", False)
     batch_size: int = doc("Prompts per engine call.", 128)
     truncation: str = doc("error | left | right | middle for prompts over rollout.prompt_length.", "error")
     max_samples: int = doc("Use the first N prompts (-1: all).", -1)
