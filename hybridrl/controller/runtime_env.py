@@ -136,12 +136,11 @@ def init_ray(num_cpus: int | None = None, num_gpus: int | None = None, *, addres
         extra_env = {"TMPDIR": os.path.join(run_tmp, "tmp"), **(extra_env or {})}
     runtime_env = build_runtime_env(working_dir, extra_env)
     logger.info("starting Ray with %s", describe_runtime_env(runtime_env))
-    ctx = ray.init(
+    atexit.register(shutdown_ray)  # first: a signal that interrupts ray.init still gets its folder removed
+    return ray.init(
         address=address, num_cpus=num_cpus, num_gpus=num_gpus, runtime_env=runtime_env or None,
         include_dashboard=bool(include_dashboard), dashboard_host="127.0.0.1", **ray_kwargs,
     )
-    atexit.register(shutdown_ray)
-    return ctx
 
 
 def shutdown_ray() -> None:
