@@ -26,6 +26,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bench_common import gap_table, hf_log_probs, make_prompts, start_worker, swap_attention  # noqa: E402
+
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 
@@ -59,62 +62,8 @@ def overrides(args: argparse.Namespace, model_dir: str) -> list[str]:
     ]
 
 
-def swap_attention(worker, to_local: bool) -> int:
-    """Switch the actor's core attention modules between SDPA and megatron's DotProductAttention in place.
-    SdpaAttention subclasses DotProductAttention and only overrides forward, so the swap is exact."""
-    from megatron.core.transformer.dot_product_attention import DotProductAttention
-
-    from hybridrl.adapters.megatron.attention import sdpa_attention_class
-
-    sdpa = sdpa_attention_class()
-    old, new = (sdpa, DotProductAttention) if to_local else (DotProductAttention, sdpa)
-    n = 0
-    for chunk in worker.actor.engine.chunks:
-        for m in chunk.modules():
-            if type(m) is old:
-                m.__class__ = new
-                n += 1
-    return n
-
-
-def hf_log_probs(model_dir: str, dtype, device: str, input_ids, prompt_len: int, chunk: int):
-    """Token log-probs of input_ids[:, prompt_len:] under transformers (float32 math for the log-softmax)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa").to(device)
-    model.eval()
-    out = []
-    with torch.no_grad():
-        for i in range(0, len(input_ids), chunk):
-            ids = input_ids[i:i + chunk].to(device)
-            logits = model(input_ids=ids).logits[:, prompt_len - 1:-1].float()
-            lp = torch.log_softmax(logits, -1).gather(-1, ids[:, prompt_len:, None])[..., 0]
-            out.append(lp.cpu())
-    del model
-    if device == "cuda":
-        torch.cuda.empty_cache()
-    return torch.cat(out)
-
-
-def gap(a, b, mask) -> dict:
-    d = (a.double() - b.double()).abs()[mask.bool()]
-    return {"mean": float(d.mean()), "max": float(d.max())}
-
-
-def gap_table(lps: dict, mask) -> dict:
-    """Every engine's log-probs against vLLM's and against the float32 reference ({name}_vs_{ref}), each pair once."""
-    table = {}
-    for ref in ("vllm", "hf_fp32"):
-        for name, lp in lps.items():
-            if name != ref and f"{ref}_vs_{name}" not in table:
-                table[f"{name}_vs_{ref}"] = gap(lp, lps[ref], mask)
-    return table
-
-
 def main() -> None:
     import torch
-    from hybrid_bench import make_prompts, start_worker
     from multi_gpu_bench import make_model
 
     from hybridrl.hybrid.checks import routing_agreement

@@ -190,7 +190,7 @@ def main(argv=None) -> None:
     if torch.cuda.is_available():
         device = device or torch.cuda.get_device_name()
         if bandwidth is None:
-            from hybrid_bench import d2d_bandwidth
+            from bench_common import d2d_bandwidth
 
             bandwidth = d2d_bandwidth("cuda")
     noreplay, r3 = train_rows(args.noreplay), train_rows(args.r3)

@@ -228,7 +228,7 @@ def allgather(args: argparse.Namespace) -> None:
     sync()
     seconds = (time.perf_counter() - start) / reps
     received = shard.numel() * 2 * (world - 1)
-    from hybrid_bench import d2d_bandwidth  # benchmarks/ is this script's folder
+    from bench_common import d2d_bandwidth  # benchmarks/ is this script's folder
 
     d2d = d2d_bandwidth(dev.type, out.numel() * 2)  # the floor for bytes written into the engine on this GPU
     if dist.get_rank() == 0:
