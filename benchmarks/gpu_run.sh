@@ -207,6 +207,42 @@ trainer.default_local_dir=$OUT/agent_grpo trainer.max_time_s=${AGENT_TIME_S:-150
       --peer "$OUT/results/speed_7b_te.json" --out "$OUT/results/speed_7b_te_packed.json"
     grep -h "_vs_\|train_mfu\|peak_memory" "$OUT"/results/speed_7b_{local,te,te_packed}.json
     ;;
+  moe)
+    M=${MODEL:-/tmp/qwen3_moe_1b}; K=${MOE_STEPS:-4}
+    [ -f "$M/config.json" ] || step moe_model 50 python3 benchmarks/multi_gpu_bench.py model --dir "$M" --shape moe_1b
+    A="--config-name grpo_trainer preset=0.5b_1gpu actor_rollout_ref.model.path=$M data.train_files=$M/data/train.parquet \
+data.val_files=$M/data/test.parquet data.max_prompt_length=64 data.max_response_length=256 data.train_batch_size=16 \
+actor_rollout_ref.actor.ppo_mini_batch_size=16 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8 \
+actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16 actor_rollout_ref.rollout.n=8 \
+actor_rollout_ref.actor.use_kl_loss=false actor_rollout_ref.rollout.ignore_eos=true \
+actor_rollout_ref.rollout.gpu_memory_utilization=0.4 actor_rollout_ref.rollout.name=vllm trainer.device=cuda \
+actor_rollout_ref.rollout.enable_rollout_routing_replay=true trainer.total_training_steps=$K trainer.max_time_s=60 \
+trainer.test_freq=-1 trainer.save_freq=-1 trainer.val_before_train=false trainer.logger=[console,jsonl] \
+trainer.progress_bar=false ${MOE_ARGS:-}"
+    echo "moe: model $M, $K steps a run; progress: tail -f $OUT/moe_*.log"
+    # shellcheck disable=SC2086
+    step moe_grpo_noreplay 225 python3 -m hybridrl.trainer.main_ppo $A actor_rollout_ref.actor.router_replay.mode=disabled \
+      trainer.default_local_dir="$OUT/moe_noreplay"
+    grep -h "start-up\|max_time_s\|rollout_vs_actor/\|perf/mfu\|reshard_stream" "$OUT/moe_grpo_noreplay.log" | tail -n 8
+    # shellcheck disable=SC2086
+    step moe_grpo_r3 150 python3 -m hybridrl.trainer.main_ppo $A actor_rollout_ref.actor.router_replay.mode=R3 \
+      trainer.default_local_dir="$OUT/moe_r3"
+    grep -h "start-up\|max_time_s\|rollout_vs_actor/\|perf/mfu\|reshard_stream" "$OUT/moe_grpo_r3.log" | tail -n 8
+    # the trainer runs' engine settings (max_model_len, capture sizes for 16 x 8 rows, routing recorded), so
+    # vLLM's compile cache from the runs above applies
+    step moe_gap 115 python3 benchmarks/gap_bench.py --model-dir "$M" --prompts 32 --max-tokens 256 \
+      --rollout-rows 128 --override actor_rollout_ref.rollout.enable_rollout_routing_replay=true \
+      --override actor_rollout_ref.rollout.gpu_memory_utilization=0.4 --out "$OUT/moe_gap.json"
+    grep -E "_vs_" "$OUT/moe_gap.log"
+    step moe_report 25 python3 benchmarks/moe_report.py --noreplay "$OUT/moe_noreplay/logs/metrics.jsonl" \
+      --r3 "$OUT/moe_r3/logs/metrics.jsonl" --gap "$OUT/moe_gap.json" --model-dir "$M" \
+      --command "OUT=\$OUT bash benchmarks/gpu_run.sh moe  # trainer: $A" --out "$OUT/results/moe_grpo.json"
+    cat "$OUT/results/moe_grpo.md" 2>/dev/null
+    ;;
+  moetest)
+    step test_vllm_moe 420 python3 -m pytest -q -x -s tests/gpu/test_vllm_moe.py
+    grep -h "^\[moe gpu\]" "$OUT/test_vllm_moe.log"
+    ;;
   scalemodel)
     shift; for S in "$@"; do scale_model "$S"; done
     ;;
