@@ -274,4 +274,7 @@ f'{torch.cuda.mem_get_info()[1] / 2**30:.1f}', sep='')"); fi
       --command "OUT=\$OUT ${CPU:+CPU=$CPU }bash benchmarks/gpu_run.sh scale SHAPE  # each run's trainer command: runs.SHAPE.command"
     cat "$OUT/results/megatron_scale.md" 2>/dev/null
     ;;
+  *)
+    echo "gpu_run.sh: unknown mode '$MODE' (see the header of benchmarks/gpu_run.sh for the modes)" >&2; exit 2
+    ;;
 esac

@@ -73,4 +73,7 @@ case "$MODE" in
       --command "OUT=\$OUT bash benchmarks/multi_gpu_run.sh {stage,parity,grpo 1gpu 1,grpo 2gpu_dp 2,grpo 2gpu_tp 2 ...,grpo 2gpu_tp_to_dp 2 ...,report}" \
       | tail -n 60
     ;;
+  *)
+    echo "multi_gpu_run.sh: unknown mode '$MODE' (see the header of benchmarks/multi_gpu_run.sh for the modes)" >&2; exit 2
+    ;;
 esac
