@@ -26,7 +26,7 @@ from .components import Components
 from .dynamic_sampling import Rollout
 from .metrics import compute_data_metrics, compute_throughput_metrics, compute_timing_metrics
 from .run_folder import check_run_folder, clear_earlier_run
-from .stopping import StopSignals
+from .stopping import RunStopped, StopSignals
 
 ACTOR_HEALTH = ("actor/pg_loss", "actor/grad_norm")
 CRITIC_HEALTH = ("critic/vf_loss", "critic/grad_norm")
@@ -229,6 +229,20 @@ def warnings_to_log_file(trainer_cfg: Any) -> Iterator[None]:
             os.environ[logs.WARNINGS_ENV] = saved
 
 
+def build_components(run: RunConfig, signals: Optional[StopSignals]) -> Components:
+    """Components.build, during which ray.init installs its own SIGTERM handler (sys.exit(15)): a SIGTERM there
+    becomes RunStopped like any other signal during start-up, and ours is put back afterwards."""
+    try:
+        parts = Components.build(run)
+    except SystemExit as e:
+        if signals is not None and e.code == signal.SIGTERM:
+            raise RunStopped(signal.SIGTERM, "before training started") from None
+        raise
+    if signals is not None:
+        signals.install()
+    return parts
+
+
 def run_ppo(run: RunConfig) -> dict[str, Any]:
     """Build everything from the validated config, train, and shut down cleanly (also on errors).
     Returns the first and the last validation metrics ({"before": ..., "after": ...}; "stopped_by": the signal
@@ -244,9 +258,7 @@ def run_ppo(run: RunConfig) -> dict[str, Any]:
     # SIGTERM/SIGINT: stop after the step and save it (stopping.py); torchrun's ranks keep the default handlers
     signals = StopSignals(run.cfg.trainer.stop_grace_s) if run.cfg.trainer.backend == "ray" else None
     with signals or contextlib.nullcontext(), warnings_to_log_file(run.cfg.trainer):
-        parts = Components.build(run)
-        if signals is not None:
-            signals.install()  # ray.init replaced the SIGTERM handler
+        parts = build_components(run, signals)
         try:
             trainer = PPOTrainer(run, parts, signals)
             final = trainer.fit()

@@ -28,12 +28,12 @@ def prepared(tmp_path_factory):
 class Run:
     """main_ppo in its own process, its output read line by line as it comes."""
 
-    def __init__(self, prepared, out, tmpdir):
+    def __init__(self, prepared, out, tmpdir, *extra):
         args = ["--config-name", "demo", f"data.train_files={prepared['train']}", f"data.val_files={prepared['test']}",
                 f"actor_rollout_ref.model.path={prepared['model']}", f"trainer.default_local_dir={out}",
                 "trainer.total_training_steps=200", "trainer.save_freq=1000", "trainer.test_freq=-1",
                 "trainer.val_before_train=false", "trainer.logger=[console]", "trainer.plot=false",
-                "trainer.progress_bar=false", "+ray_kwargs.ray_init.address=local"]
+                "trainer.progress_bar=false", "+ray_kwargs.ray_init.address=local", *extra]
         env = dict(os.environ, PYTHONPATH=ROOT, HF_HUB_OFFLINE="1", TMPDIR=tmpdir, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen([sys.executable, "-m", "hybridrl.trainer.main_ppo", *args], cwd=ROOT, env=env,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
@@ -84,6 +84,26 @@ def test_sigterm_saves_the_step_and_two_sigints_name_it_without_residue(prepared
         assert last and last[-1].endswith("(trainer.resume_mode=auto resumes from it)"), text[-3000:]
         assert f"the last good checkpoint is {out}/global_step_" in last[-1]
         assert "KeyboardInterrupt" not in text and "Traceback" not in text, text[-3000:]
+        assert os.listdir(tmpdir) == [], os.listdir(tmpdir)
+    finally:
+        import shutil
+
+        shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+@pytest.mark.timeout(300)
+def test_sigterm_during_start_up_stops_at_once_in_one_line(prepared, tmp_path):
+    tmpdir = tempfile.mkdtemp(prefix="t", dir="/tmp")
+    try:
+        run = Run(prepared, tmp_path / "ckpt", tmpdir)
+        run.wait_for("hybridrl INFO [hybridrl.controller.runtime_env] starting Ray", 120)
+        time.sleep(3)  # inside ray.init or the workers' start
+        run.proc.send_signal(signal.SIGTERM)
+        code, text, seconds = run.finish(60)
+        assert code == 128 + signal.SIGTERM and seconds < 30, text[-3000:]
+        assert "hybridrl: stopped by SIGTERM (before training started); no checkpoint was saved in" in text
+        assert "Traceback" not in text, text[-3000:]
+        time.sleep(2)  # Ray's own processes end after the driver
         assert os.listdir(tmpdir) == [], os.listdir(tmpdir)
     finally:
         import shutil
