@@ -80,42 +80,52 @@ def runs(tmp_path_factory):
     save_lora_references(models)
     ckpt, export = str(root / "ckpt_tp1"), str(root / "export_tp1")
     out = {}
-    for tp, extra in ((1, ["--save-ckpt", ckpt, "--export", export]), (2, ["--resume-ckpt", ckpt])):
-        launch.torchrun("lora_run.py", tp, ["--models", models, "--out", str(root / f"out{tp}"), *extra],
-                        LAUNCH_TIMEOUT)
-        out[tp] = launch.rank_results(str(root / f"out{tp}"))
+    layouts = {"tp1": (1, ["--save-ckpt", ckpt, "--export", export]), "tp2": (2, ["--resume-ckpt", ckpt]),
+               "pp2": (2, ["--resume-ckpt", ckpt, "--pp", "2"])}
+    for name, (nproc, extra) in layouts.items():
+        launch.torchrun("lora_run.py", nproc, ["--models", models, "--out", str(root / name), *extra], LAUNCH_TIMEOUT)
+        out[name] = launch.rank_results(str(root / name))
     return {"models": models, "ckpt": ckpt, "export": export, "root": root, **out}
 
 
-@pytest.mark.parametrize("tp", [1, 2])
-def test_forward_equals_peft_and_adapters_off_equal_the_base(runs, tp):
-    for r in runs[tp]:
+@pytest.mark.parametrize("layout", ["tp1", "tp2", "pp2"])
+def test_forward_equals_peft_and_adapters_off_equal_the_base(runs, layout):
+    for r in runs[layout]:
         assert r["peft_diff"] < TOL, r["peft_diff"]
         assert r["adapters_off_vs_base"] < TOL, r["adapters_off_vs_base"]
         assert r["fresh_vs_base"] < TOL, r["fresh_vs_base"]
 
 
-@pytest.mark.parametrize("tp", [1, 2])
-def test_gradients_reach_the_adapters_only_and_equal_pefts(runs, tp):
-    for r in runs[tp]:
+@pytest.mark.parametrize("layout", ["tp1", "tp2", "pp2"])
+def test_gradients_reach_the_adapters_only_and_equal_pefts(runs, layout):
+    for r in runs[layout]:
         assert r["grad_rel_diff"] < GRAD_TOL, r["grad_rel_diff"]
         assert r["base_with_grad"] == []
-        # 4 layers x 7 modules x (A, B): every adapter parameter was read from the PEFT file
-        assert r["adapter_entries"] == 4 * 7 * 2
+        # 4 layers x 7 modules x (A, B), pp2: half the layers per stage; each was read from the PEFT file
+        assert r["adapter_entries"] == 4 * 7 * 2 // (2 if layout == "pp2" else 1)
         assert r["optimizer_numel"] == r["adapter_numel"] > 0
         assert r["base_unchanged"]
 
 
-def test_tp2_equals_tp1(runs):
-    one, two = runs[1][0], runs[2]
-    for r in two:
-        for key in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm"):
-            a, b = one["update"][key], r["update"][key]
-            assert abs(a - b) <= REL_TOL * max(abs(a), 1e-8), (key, a, b)
+def _same_update(want: dict, got: dict) -> None:
+    for key in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm"):
+        a, b = want[key], got[key]
+        assert abs(a - b) <= REL_TOL * max(abs(a), 1e-8), (key, a, b)
+
+
+@pytest.mark.parametrize("layout", ["tp2", "pp2"])
+def test_tp2_and_pp2_equal_tp1_and_resume_its_checkpoint(runs, layout):
+    one = runs["tp1"][0]
+    for r in runs[layout]:
+        _same_update(one["update"], r["update"])
+        _same_update(one["update2"], r["update2"])
         after = torch.tensor(r["log_probs_after"]) - torch.tensor(one["log_probs_after"])
         assert float(after.abs().max()) < TOL
+        # tp1's checkpoint (adapters + distributed optimizer state) loaded in this layout: the same model, and the
+        # same second update as the uninterrupted run
         resumed = torch.tensor(r["resumed_log_probs"]) - torch.tensor(one["log_probs_after"])
-        assert float(resumed.abs().max()) < TOL  # tp1's checkpoint, loaded at tp2
+        assert float(resumed.abs().max()) < TOL
+        _same_update(one["update2"], r["resumed_update2"])
     # the update moved the adapters: the log-probs after it differ from peft's at the start
     refs = torch.load(os.path.join(runs["models"], "lora_refs.pt"))
     assert float((torch.tensor(one["log_probs_after"]) - refs["peft_log_probs"]).abs().max()) > 1e-3
@@ -123,7 +133,7 @@ def test_tp2_equals_tp1(runs):
 
 def _actor_log_probs(runs) -> tuple[torch.Tensor, dict]:
     refs = torch.load(os.path.join(runs["models"], "lora_refs.pt"))
-    return torch.tensor(runs[1][0]["log_probs_after"]), refs
+    return torch.tensor(runs["tp1"][0]["log_probs_after"]), refs
 
 
 def test_exported_peft_adapter_loads_with_peft(runs):

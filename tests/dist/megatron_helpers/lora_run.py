@@ -1,14 +1,14 @@
-"""One torchrun launch of the LoRA checks in one layout (tp = world size); writes rank<N>.json.
+"""One torchrun launch of the LoRA checks in one layout (tp = world size / pp); writes rank<N>.json.
 
-    python -m torch.distributed.run --nproc_per_node=N --standalone lora_run.py --models DIR --out DIR
+    python -m torch.distributed.run --nproc_per_node=N --standalone lora_run.py --models DIR --out DIR [--pp P]
         [--save-ckpt DIR] [--export DIR] [--resume-ckpt DIR]
 
 With the PEFT adapter the test saved (models/adapter, random non-zero A and B) loaded through lora_adapter_path:
 log-probs vs peft's (lora_refs.pt), the reference (adapters off) vs the base model's, the adapters' gradients of
 L = sum w * log-prob vs peft's autograd (each rank's shard cut from the full gradient by the one mapping), no
 gradient on any base parameter, the optimizer's parameters = the adapters; then one PPO update (metrics, log-probs
-after it, the base bitwise unchanged), a checkpoint and a PEFT export; with --resume-ckpt a fresh actor loads that
-checkpoint (saved in another layout) and gives its log-probs.
+after it, the base bitwise unchanged), a checkpoint, a PEFT export and a second update; with --resume-ckpt a fresh
+actor loads that checkpoint (saved in another layout) and gives its log-probs and its second update.
 """
 from __future__ import annotations
 
@@ -122,10 +122,12 @@ def run(args, layout) -> dict:
         from hybridrl.adapters.megatron.lora_io import write_peft_adapter
 
         write_peft_adapter(actor.engine.chunks, actor.arch, layout, actor.lora, args.export, actor.hf_path)
+    out["update2"] = actor.update_policy(ppo_data(layout))
     if args.resume_ckpt:
         resumed = build(args, layout, adapter=False)
         resumed.load_checkpoint(args.resume_ckpt)
         out["resumed_log_probs"] = log_probs(resumed, refs).tolist()
+        out["resumed_update2"] = resumed.update_policy(ppo_data(layout))  # the optimizer state came along
     return out
 
 
@@ -136,11 +138,12 @@ def main() -> None:
     p.add_argument("--save-ckpt", default=None)
     p.add_argument("--export", default=None)
     p.add_argument("--resume-ckpt", default=None)
+    p.add_argument("--pp", type=int, default=1)
     args = p.parse_args()
     parallel.ensure_process_group(timeout_s=300)
     world = dist.get_world_size()
-    args.tp, args.pp, args.vpp, args.sp, args.ep = world, 1, None, False, 1
-    layout = parallel.layout_for(world, tp=world)
+    args.tp, args.vpp, args.sp, args.ep = world // args.pp, None, False, 1
+    layout = parallel.layout_for(world, tp=args.tp, pp=args.pp)
     parallel.init_megatron(layout, seed=7)
     finish(args.out, {"rank": dist.get_rank(), **run(args, layout)})
 
