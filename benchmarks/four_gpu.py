@@ -70,17 +70,16 @@ class Run:
     knobs: tuple[str, ...] = ()  # memory knobs: token budget, recompute, offloads
     what: str = ""
     knobs_80gb: tuple[str, ...] = ()  # added on GPUs under 100 GiB (H100): what the plan needs there
+    search: bool = False  # the layout `hybridrl plan --search` ranks first on this machine (run_one asks it)
 
     def overrides(self, gib: float = 140.0) -> list[str]:
+        if self.search:
+            return list(self.knobs)
         layout = list(self.layout)
         if not any(o.startswith(RTP + "=") for o in layout):
             layout.append(f"{RTP}=1")
         return layout + list(self.knobs) + (list(self.knobs_80gb) if gib < 100 else [])
 
-    def actor_layout(self) -> dict[str, int]:
-        sizes = {k: int(v) for k, v in (o.split("=", 1) for o in self.layout)}
-        tp, pp, rtp = sizes.get(TP, 1), sizes.get(PP, 1), sizes.get(RTP, 1)
-        return {"tp": tp, "pp": pp, "dp": self.gpus // (tp * pp), "tp_g": rtp, "dp_g": self.gpus // rtp}
 
 
 TOKENS_1P5B = f"{ARA}.actor.ppo_max_token_len_per_gpu=8192"
@@ -106,21 +105,27 @@ RUNS: dict[str, Run] = {
     "7b_tp4": Run("7b", 4, (f"{TP}=4", f"{RTP}=4"), SEVEN_B_SHARDED, "7B tp4 -> vLLM tp_g4"),
     "7b_pp2dp2_rdp4": Run("7b", 4, (f"{PP}=2",), SEVEN_B_SHARDED, "7B pp2 x dp2 -> vLLM tp_g1 x dp_g4",
                           (OPT_OFFLOAD, RECOMPUTE)),
-    # 14B: on two H200s only with the optimizer state on the host between steps and recompute (its step holds
-    # 127 GiB a GPU, `hybridrl plan`); four GPUs split the state enough to keep it on the GPU under tp4
-    "14b_tp2": Run("14b", 2, (f"{TP}=2", f"{RTP}=2"), (f"{ARA}.actor.ppo_max_token_len_per_gpu=4096", OPT_OFFLOAD,
-                                                        RECOMPUTE), "14B tp2 -> vLLM tp_g2, with offloads"),
-    "14b_tp4": Run("14b", 4, (f"{TP}=4", f"{RTP}=4"), SEVEN_B_SHARDED, "14B tp4 -> vLLM tp_g4", (OPT_OFFLOAD,)),
-    "14b_tp2dp2": Run("14b", 4, (f"{TP}=2", f"{RTP}=2"), SEVEN_B_SHARDED + (OPT_OFFLOAD,),
-                      "14B tp2 x dp2 -> vLLM tp_g2 x dp_g2", (f"{ARA}.actor.ppo_max_token_len_per_gpu=4096", RECOMPUTE)),
+    # 14B (266 GB of training state): in the layout `hybridrl plan --search` ranks first on the machine at hand
+    # (2026-11-27: 2 x H200 tp2 with the optimizer state on the host, rollout tp_g1 x dp_g2; 4 x H200 tp2 x dp2 ->
+    # tp_g2 x dp_g2; 4 x H100 tp4 with the optimizer state on the host)
+    "14b_2gpu": Run("14b", 2, (), SEVEN_B_SHARDED, "14B on 2 GPUs, the plan's pick", search=True),
+    "14b_4gpu": Run("14b", 4, (), SEVEN_B_SHARDED, "14B on 4 GPUs, the plan's pick", search=True),
     # the dry run's rows (CPU, gloo, the torch engine)
     "tiny_1": Run("tiny", 1, (), (), "dry run, one process"),
     "tiny_dp2": Run("tiny", 2, (), (), "dry run, dp2"),
     "tiny_tp2": Run("tiny", 2, (f"{TP}=2", f"{RTP}=2"), (), "dry run, tp2 -> tp_g2"),
+    "tiny_search": Run("tiny", 2, (), (), "dry run, the plan's pick", search=True),
 }
 
 
 # ------------------------------------------------------------------------------------------------ running
+def layout_of(overrides: list[str], gpus: int) -> dict[str, int]:
+    """tp/pp/dp and tp_g/dp_g as the trainer will read them from `overrides` (the last value of a key wins)."""
+    sizes = {k: int(v) for k, v in (o.split("=", 1) for o in overrides if o.startswith((TP, PP, RTP)))}
+    tp, pp, rtp = sizes.get(TP, 1), sizes.get(PP, 1), sizes.get(RTP, 1)
+    return {"tp": tp, "pp": pp, "dp": gpus // (tp * pp), "tp_g": rtp, "dp_g": gpus // rtp}
+
+
 def environment(gpus: int, cpu: bool) -> dict[str, str]:
     env = dict(os.environ, PYTHONUNBUFFERED="1", NCCL_NVLS_ENABLE="0", HF_HUB_OFFLINE="1",
                VLLM_ENABLE_V1_MULTIPROCESSING="0", TOKENIZERS_PARALLELISM="false")
@@ -185,6 +190,19 @@ def plan_for(overrides: list[str], gib: float, env: dict[str, str], folder: str)
     return plan
 
 
+def searched_layout(overrides: list[str], gpus: int, gib: float, env: dict[str, str], folder: str) -> Optional[list[str]]:
+    """The fastest layout `hybridrl plan --search` finds for this job here (its output kept as search.json)."""
+    proc = subprocess.run([sys.executable, "-m", "hybridrl", "plan", "--search", "--json", "--gpus", str(gpus),
+                           "--gpu-mem-gb", f"{gib:.1f}", *overrides], capture_output=True, text=True, env=env, timeout=600)
+    with open(os.path.join(folder, "search.json"), "w") as f:
+        f.write(proc.stdout or proc.stderr)
+    try:
+        ranked = json.loads(proc.stdout)["ranked"]
+    except (json.JSONDecodeError, KeyError):
+        return None
+    return ranked[0]["overrides"] if ranked else None
+
+
 def run_one(name: str, args: argparse.Namespace, deadline: float) -> Optional[int]:
     """One named run into args.out/NAME; returns the trainer's exit code (None: skipped)."""
     if name.startswith("allgather_"):
@@ -201,9 +219,16 @@ def run_one(name: str, args: argparse.Namespace, deadline: float) -> Optional[in
     env = environment(run.gpus, args.cpu)
     left = deadline - time.time()
     overrides = trainer_overrides(run, model, folder, args.steps, max(60, left - 90), args.cpu, gib) + args.override
+    if run.search:
+        pick = searched_layout(overrides, run.gpus, gib, env, folder)
+        if pick is None:
+            print(f"[four_gpu] {label}: `hybridrl plan --search` finds no layout that fits (search.json), skipped",
+                  flush=True)
+            return None
+        overrides += pick
     plan = plan_for(overrides, gib, env, folder)
     info = {"name": label, "run": name, "tag": args.tag, "extra_overrides": args.override, "shape": run.shape, "model_shape": run.shape, "gpus": run.gpus, "what": run.what,
-            "layout": run.actor_layout(), "device": device, "gpu_memory_gib": gib,
+            "layout": layout_of(overrides, run.gpus), "device": device, "gpu_memory_gib": gib,
             "cuda_visible_devices": env.get("CUDA_VISIBLE_DEVICES"), "overrides": overrides,
             "command": " ".join([sys.executable, "-m", "hybridrl.trainer.main_ppo", *overrides]),
             "date": datetime.date.today().isoformat()}

@@ -7,6 +7,10 @@ that does not fit. Takes the same config arguments as `hybridrl train` (`--confi
 a machine without one. The model's shape comes from --model-config (a model folder, its config.json, or a
 built-in name such as Qwen2.5-7B), else from actor_rollout_ref.model.path. See report.py for the JSON keys
 and memory.py for the formulas.
+
+`--search [--gpus N] [--gpu-type H100|H200] [--top K]` ranks every layout of the job's GPUs that fits (training
+tp/pp/dp, rollout tp_g, optimizer offload, recompute) by the step time step_time.py predicts, and prints the
+fastest one's overrides (search.py).
 """
 from __future__ import annotations
 
@@ -37,6 +41,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--model-config", default=None, help="model folder, config.json, or built-in name")
     p.add_argument("--critic-model-config", default=None, help="the critic's, when it differs from the actor's")
     p.add_argument("--json", action="store_true", help="print the plan as JSON (keys in hybridrl/plan/report.py)")
+    p.add_argument("--search", action="store_true",
+                   help="rank every layout that fits by predicted step time (hybridrl/plan/search.py)")
+    p.add_argument("--gpus", type=int, default=None,
+                   help="with --search: GPUs in all (up to 8 a node; more in whole nodes of 8); default: the job's")
+    p.add_argument("--gpu-type", default=None, help="with --search: H100 or H200 (default: H200 above 100 GiB)")
+    p.add_argument("--top", type=int, default=10, help="with --search: layouts to print")
     return p
 
 
@@ -73,6 +83,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ConfigError as e:
         return _refuse([Problem(None, str(e))], args.json, gpu_bytes)
     ara = cfg.actor_rollout_ref
+    if args.search:
+        return _search(args, cl, cfg, gpu_bytes)
     if not args.model_config and _is_placeholder(ara.model.path):
         return _refuse([Problem(None, f"no model to plan for: actor_rollout_ref.model.path is the default "
                                       f"placeholder {ara.model.path} (not on this machine); pass --model-config (a model "
@@ -93,6 +105,44 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     text = verdict(plan, problems, notes, run.derived.device)
     print(text, file=sys.stderr if (problems or args.json) else sys.stdout)
     return EXIT_REFUSED if problems else 0
+
+
+def _search(args: argparse.Namespace, cl, cfg, gpu_bytes: int) -> int:
+    from .search import search, table
+    from .step_time import gpu_named
+
+    t = cfg.trainer
+    gpus = args.gpus or t.n_gpus_per_node * t.nnodes
+    per_node = min(gpus, 8)
+    if gpus % per_node:
+        return _refuse([Problem(None, f"--gpus {gpus}: more than 8 GPUs come in whole nodes of 8")], args.json, gpu_bytes)
+    nodes = [f"trainer.n_gpus_per_node={per_node}", f"trainer.nnodes={gpus // per_node}"]
+    try:
+        gpu = gpu_named(args.gpu_type or ("H200" if args.gpu_mem_gb > 100 else "H100"))
+        shape = resolve(args.model_config or cfg.actor_rollout_ref.model.path, cfg.actor_rollout_ref.model.override_config)
+    except (ValueError, ModelShapeError) as e:
+        return _refuse([Problem(None, str(e))], args.json, gpu_bytes)
+
+    def build(extra: list[str]):
+        job = load_config(cl.overrides + nodes + extra, cl.config_name, cl.config_path)
+        return validate(job, cuda_available=lambda: True, te_available=lambda: True)
+
+    fits, refused = search(build, shape, gpus, per_node, gpu_bytes, int(args.overhead_gb * GiB), gpu)
+    if args.json:
+        print(json.dumps({"format": "hybridrl.plan.search/1", "gpus": gpus, "gpu": gpu.name, "gpu_memory_bytes": gpu_bytes,
+                          "model": shape.to_dict(), "ranked": [c.to_dict() for c in fits],
+                          "refused": [c.to_dict() for c in refused]}, indent=2))
+    else:
+        print(f"{shape.name} on {gpus} x {gpu.name} ({args.gpu_mem_gb:g} GiB): {len(fits)} layouts fit, "
+              f"{len(refused)} refused (--json says why)")
+        print(table(fits, args.top))
+    if not fits:
+        print("hybridrl plan --search: no layout fits; more GPUs, shorter micro-batches "
+              "(actor_rollout_ref.actor.ppo_max_token_len_per_gpu) or a smaller rollout share "
+              "(actor_rollout_ref.rollout.gpu_memory_utilization)", file=sys.stderr)
+        return EXIT_REFUSED
+    print("fastest: " + " ".join(nodes + fits[0].overrides()), file=sys.stderr if args.json else sys.stdout)
+    return 0
 
 
 if __name__ == "__main__":
