@@ -2,14 +2,15 @@
 
 The test process builds a tiny Qwen2 (GQA, qkv bias, tied embeddings) and a peft LoRA adapter on all seven
 linear modules with random non-zero A and B, and computes with transformers + peft (no megatron): log-probs
-with the adapter and without it, and the adapters' gradients of L = sum w * log-prob. Two torchrun launches
-(tp=1, tp=2; lora_run.py) load the adapter through lora_adapter_path and check against those references:
-  * the forward equals peft's; the actor with its adapters off (the reference policy) equals the base; a fresh
-    adapter (PEFT's init, B = 0) equals the base;
+with the adapter and without it, and the adapters' gradients of L = sum w * log-prob. Three torchrun launches
+(tp=1, tp=2, pp=2; lora_run.py) load the adapter through lora_adapter_path and check against those references:
+  * the forward equals peft's (padded and packed micro-batches); the actor with its adapters off (the reference
+    policy) equals the base; a fresh adapter (PEFT's init, B = 0) equals the base;
   * gradients reach the adapters only and equal peft's; the optimizer holds exactly the adapters' elements;
     an update leaves the base bitwise unchanged;
-  * tp=2 equals tp=1: the update's metrics and the log-probs after it; tp=2 loads tp=1's checkpoint (adapters
-    only, keyed by PEFT name) and gives tp=1's log-probs;
+  * tp=2 and pp=2 equal tp=1: two updates' metrics and the log-probs after the first; both load tp=1's
+    checkpoint (adapters and distributed optimizer state, keyed by PEFT name) and give tp=1's log-probs and
+    second update;
   * export round-trips through transformers + peft: the adapter written by write_peft_adapter, and the model
     merger's merged HF folder and lora_adapter/ from the checkpoint, load with PeftModel.from_pretrained /
     AutoModelForCausalLM and give the trained actor's log-probs.
@@ -92,6 +93,7 @@ def runs(tmp_path_factory):
 def test_forward_equals_peft_and_adapters_off_equal_the_base(runs, layout):
     for r in runs[layout]:
         assert r["peft_diff"] < TOL, r["peft_diff"]
+        assert r["packed_peft_diff"] < TOL, r["packed_peft_diff"]
         assert r["adapters_off_vs_base"] < TOL, r["adapters_off_vs_base"]
         assert r["fresh_vs_base"] < TOL, r["fresh_vs_base"]
 

@@ -107,6 +107,9 @@ def run(args, layout) -> dict:
     out["fresh_vs_base"] = float((log_probs(fresh, refs) - refs["base_log_probs"])[mask].abs().max())
     actor = build(args, layout, adapter=True)
     out["peft_diff"] = float((log_probs(actor, refs) - refs["peft_log_probs"])[mask].abs().max())
+    actor.remove_padding = True  # use_remove_padding: the adapters see packed THD micro-batches
+    out["packed_peft_diff"] = float((log_probs(actor, refs) - refs["peft_log_probs"])[mask].abs().max())
+    actor.remove_padding = False
     ref_cfg = RefConfig(log_prob_micro_batch_size_per_gpu=3, log_prob_use_dynamic_bsz=False)
     off = actor.adapters_off(ref_cfg).compute_log_prob(DataProto.from_dict(
         refs["batch"], meta_info={"temperature": refs["temperature"]})).batch["log_probs"]
