@@ -9,6 +9,7 @@ import math
 from typing import Any, Optional
 
 from hybridrl.config import RunConfig
+from hybridrl.config.lora_checks import lora_targets
 
 from .memory import (
     DEFAULT_OVERHEAD_BYTES,
@@ -30,6 +31,7 @@ from .memory import (
     stage_activation_bytes,
     stage_activation_parts,
     stage_expert_params,
+    stage_lora_params,
     stage_params,
 )
 from .model_shape import ModelShape
@@ -89,11 +91,19 @@ def _role_memory(run: RunConfig, role: str, shape: ModelShape, stage: int) -> Ro
     optim = cfg.critic.optim if role == "critic" else ara.actor.optim
     distributed = megatron.use_distributed_optimizer
     grad_fp32 = bool((megatron.override_ddp_config or {}).get("grad_reduce_in_fp32", True))
+    shards = layout.dp * layout.cp if distributed else 1
+    lora = ara.model.lora_rank if role == "actor" else 0
     state = model_state_bytes(params - experts, dtype_bytes, grad_fp32=grad_fp32, optimizer=optim.optimizer,
-                              optimizer_shards=layout.dp * layout.cp if distributed else 1, trainable=role != "ref")
+                              optimizer_shards=shards, trainable=role != "ref" and not lora)
+    if lora:  # a frozen base (params only) plus the adapters, which alone have grads and optimizer state
+        targets = lora_targets(ara.model.target_modules, ara.model.exclude_modules)
+        adapters = model_state_bytes(stage_lora_params(shape, lora, targets, layout.tp, layout.pp), dtype_bytes,
+                                     grad_fp32=grad_fp32, optimizer=optim.optimizer, optimizer_shards=shards)
+        state = ModelState(state.params + adapters.params, adapters.grads, adapters.optimizer, adapters.step)
     if experts:
         routed = model_state_bytes(experts, dtype_bytes, grad_fp32=grad_fp32, optimizer=optim.optimizer,
-                                   optimizer_shards=layout.expert_dp if distributed else 1, trainable=role != "ref")
+                                   optimizer_shards=layout.expert_dp if distributed else 1,
+                                   trainable=role != "ref" and not lora)
         state = ModelState(state.params + routed.params, state.grads + routed.grads, state.optimizer + routed.optimizer,
                            state.step + routed.step)
     return RoleMemory(state, offload_params=gpu and megatron.param_offload, offload_grads=gpu and megatron.grad_offload,
@@ -125,11 +135,13 @@ def estimate(run: RunConfig, shape: ModelShape, gpu_memory_bytes: int,
     actor_act = activation_setup(run, "actor")
     critic_act = activation_setup(run, "critic") if d.use_critic else None
     best: dict[str, Optional[Phase]] = {name: None for name in PHASES}
+    lora = run.cfg.actor_rollout_ref.model.lora_rank > 0
     for stage in range(d.actor.pp):
         actor_train, actor_forward = stage_activation_parts(shape, actor_act, stage)
         s = StageMemory(
             actor=_role_memory(run, "actor", shape, stage),
-            ref=_role_memory(run, "ref", shape, stage) if d.use_reference else None,
+            # LoRA: the reference is the actor with its adapters off, no weights of its own
+            ref=_role_memory(run, "ref", shape, stage) if d.use_reference and not lora else None,
             critic=_role_memory(run, "critic", critic_shape, stage) if d.use_critic else None,
             actor_activations=max(actor_train, actor_forward),
             critic_activations=stage_activation_bytes(critic_shape, critic_act, stage) if critic_act else 0,

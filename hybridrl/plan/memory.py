@@ -128,6 +128,20 @@ def stage_params(shape: ModelShape, tp: int, pp: int, stage: int, lm_head: bool 
     return n
 
 
+def stage_lora_params(shape: ModelShape, rank: int, targets: tuple[str, ...], tp: int, pp: int) -> int:
+    """LoRA adapter parameters on one GPU of a pipeline stage (adapters/megatron/lora.py): A [r, in] and B [out, r]
+    per targeted module; column-parallel modules (q, k, v, gate, up) split B over tp, row-parallel ones (o, down) A."""
+    h, q, kv, f = shape.hidden_size, shape.q_width, shape.kv_width, shape.ffn_hidden_size
+    dims = {"q_proj": (h, q, "column"), "k_proj": (h, kv, "column"), "v_proj": (h, kv, "column"),
+            "o_proj": (q, h, "row"), "gate_proj": (h, f, "column"), "up_proj": (h, f, "column"),
+            "down_proj": (f, h, "row")}
+    per_layer = 0
+    for module in targets:
+        fan_in, fan_out, style = dims[module]
+        per_layer += rank * (fan_in + fan_out // tp if style == "column" else fan_in // tp + fan_out)
+    return math.ceil(shape.num_layers / pp) * per_layer
+
+
 @dataclass(frozen=True)
 class ModelState:
     params: int

@@ -283,3 +283,40 @@ def test_critic_step_holds_the_critics_state_and_its_grad_copies():
     assert estimate(fp32, shape, 80 * GiB).phases["critic_step"].parts["optimizer_step"] == 0
     grpo = _run("preset=7b_8gpu", config_name="grpo_trainer")
     assert estimate(grpo, shape, 80 * GiB).phases["critic_step"] is None  # no critic
+
+
+# ------------------------------------------------------------------------------------------ LoRA
+def test_lora_adapter_count_is_what_peft_adds():
+    """tp=1: the adapters the plan counts are the parameters peft adds to the same transformers model (meta device)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from hybridrl.plan.memory import stage_lora_params
+    from hybridrl.plan.model_shape import KNOWN_CONFIGS
+
+    peft = pytest.importorskip("peft")
+    targets = ("q_proj", "v_proj", "o_proj", "down_proj")
+    with torch.device("meta"):
+        model = Qwen2ForCausalLM(Qwen2Config(**{k: v for k, v in KNOWN_CONFIGS["Qwen2.5-0.5B"].items()
+                                                if k != "model_type"}))
+        model = peft.get_peft_model(model, peft.LoraConfig(r=16, target_modules=list(targets)))
+    added = sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)
+    assert stage_lora_params(resolve("Qwen2.5-0.5B"), 16, targets, tp=1, pp=1) == added
+
+
+def test_lora_plan_freezes_the_base_and_has_no_reference_by_hand():
+    """7b_8gpu (tp=2, dp=4, distributed optimizer) with rank-32 adapters on all seven modules: per layer and GPU
+    q, o: 32 * (3584 + 1792); k, v: 32 * (3584 + 256); gate, up, down: 32 * (3584 + 9472) -> 1,843,200 x 28 layers
+    = 51,609,600 adapter parameters. Grads (fp32) and Adam + fp32 master state (12 bytes, / dp) are the adapters'
+    only; the base keeps its bf16 params; the reference (the actor with adapters off) has no weights of its own."""
+    n = 51_609_600
+    run = validate(load_config(["preset=7b_8gpu", "actor_rollout_ref.model.lora_rank=32",
+                                "actor_rollout_ref.actor.megatron.transformer_impl=local",
+                                "actor_rollout_ref.ref.megatron.param_offload=true"], config_name="grpo_trainer"),
+                   cuda_available=GPU)
+    plan = estimate(run, resolve("Qwen2.5-7B"), 80 * GiB, overhead_bytes=3 * GiB)
+    train = plan.phases["train_actor"].parts
+    assert train["actor_params"] == 7_615_820_800 + 2 * n
+    assert train["actor_grads"] == 4 * n
+    assert plan.phases["actor_step"].parts["actor_optimizer"] == 12 * n // 4
+    assert plan.phases["ref_log_prob"] is None and train["ref_params"] == 0
