@@ -10,11 +10,23 @@
 #   verl_1p5b / ours_1p5b:  5 GRPO steps on the random 1.5B model
 #   report:    report.py over the four runs -> $OUT/results/peer_verl.json + .md
 #   verl_JOB_1 / verl_JOB_2 (JOB smol or 1p5b): verl's run in two calls of one lease (README.md: two device calls)
+#   The modes above are issue 18's (settings.py --padded: padded batches, fixed micro-batches on both sides).
+# Issue 34, each trainer with its best documented settings (settings.py without --padded):
+#   stage_megatron: `stage` plus the checks of verl's Megatron path on the GPU (check_megatron_imports.py with TE,
+#              check_verl_config.py) and the random 1.5B and 7B folders WITH weights (verl's Megatron and FSDP
+#              engines always load the HF folder: no dummy init; 7B: 15.2 GB in bf16). Needs TE in /tmp/site.
+#   verl_megatron_JOB (JOB smol|1p5b|7b|7b_4gpu), verl_7b_4gpu (FSDP), ours_7b, ours_7b_4gpu,
+#   ours_best_smol / ours_best_1p5b (hybridrl's best settings on issue 18's jobs; ours_smol etc. stay --padded),
+#   ours_best_smol_seed (SEED=N): hybridrl's spread for the learning parity against verl_megatron_smol
+#   report_megatron: report.py --megatron -> $OUT/results/peer_verl_megatron.json + .md
 set -u
-MODE=${1:?"usage: run.sh stage|verl_smol|ours_smol|ours_smol_seed|verl_smol_seed|ours_smol_verl_order|verl_1p5b|ours_1p5b|report|verl_smol_1|verl_smol_2|verl_1p5b_1|verl_1p5b_2"}
+MODE=${1:?"usage: run.sh stage|verl_smol|ours_smol|ours_smol_seed|verl_smol_seed|ours_smol_verl_order|verl_1p5b|ours_1p5b|report|verl_smol_1|verl_smol_2|verl_1p5b_1|verl_1p5b_2|stage_megatron|verl_megatron_JOB|verl_7b_4gpu|ours_7b|ours_7b_4gpu|ours_best_smol|ours_best_1p5b|ours_best_smol_seed|report_megatron"}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/results"
 HERE=$PWD/benchmarks/peer_verl
-SMOL=/tmp/smol; M15=/tmp/m_1p5b
+SMOL=/tmp/smol; M15=/tmp/m_1p5b; M7=/tmp/m_7b
+# GiB of the first GPU: settings.py adds the 80 GB offloads below 100
+GIB=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1 | awk '{printf "%.0f", $1/1024}')
+SETTINGS_FLAGS=""  # --padded for issue 18's modes (set in the case below)
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false \
        HYBRIDRL_MODEL_CACHE=/tmp/mcache WANDB_MODE=disabled RAY_USAGE_STATS_ENABLED=0
 OURS_PATH=$PWD:/tmp/site
@@ -39,11 +51,18 @@ train() {  # train NAME TRAINER JOB MODEL [PART]: one trainer's run with the GPU
   mkdir -p "$run"
   local metrics=$run/metrics.jsonl$sfx cmd
   [ "$trainer" = ours ] && metrics=$run/logs/metrics.jsonl
-  mapfile -t args < <(python3 "$HERE/settings.py" "$trainer" "$job" --model "$model" --out "$run" ${STEPS:+--steps $STEPS})
+  mapfile -t args < <(python3 "$HERE/settings.py" "$trainer" "$job" --model "$model" --out "$run" ${STEPS:+--steps $STEPS} \
+    --gpu-gib "${GIB:-80}" $SETTINGS_FLAGS)
+  [ "${#args[@]}" -gt 10 ] || { echo "settings.py gave no overrides for $trainer $job"; return 1; }
   # VERL_ARGS / OURS_ARGS: diagnosis only (an override tried on one side); command.txt records it
   if [ "$trainer" = ours ]; then args+=(${OURS_ARGS:-}); else args+=(${VERL_ARGS:-}); fi
   if [ "$trainer" = ours ]; then
     cmd=(env PYTHONPATH=$OURS_PATH VLLM_ENABLE_V1_MULTIPROCESSING=0 python3 -m hybridrl.trainer.main_ppo "${args[@]}")
+  elif [ "$trainer" = verl_megatron ]; then
+    # verl's Megatron examples export CUDA_DEVICE_MAX_CONNECTIONS=1 (megatron's communication/compute overlap);
+    # transformer-engine comes from /tmp/site (benchmarks/te/install.sh), mbridge from /tmp/verl_site
+    cmd=(env PYTHONPATH=$VERL_PATH VERL_FILE_LOGGER_PATH=$metrics CUDA_DEVICE_MAX_CONNECTIONS=1
+         python3 "$HERE/launch_verl.py" "${args[@]}")
   else
     cmd=(env PYTHONPATH=$VERL_PATH VERL_FILE_LOGGER_PATH=$metrics python3 "$HERE/launch_verl.py" "${args[@]}")
   fi
@@ -58,10 +77,20 @@ train() {  # train NAME TRAINER JOB MODEL [PART]: one trainer's run with the GPU
   echo "$t0" > "$run/launched_at$sfx"; date +%s.%N > "$run/ended_at$sfx"
   kill "$smi" "$watch" 2>/dev/null; wait "$smi" "$watch" 2>/dev/null
   ray_stop
-  for _ in $(seq 30); do  # the next run starts on a GPU the killed one's workers have let go of
-    [ "$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)" -lt 2000 ] && break; sleep 1; done
+  for _ in $(seq 30); do  # the next run starts on GPUs the killed one's workers have let go of (the fullest GPU)
+    [ "$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | sort -n | tail -1)" -lt 2000 ] && break; sleep 1; done
   echo "peak GPU memory $(sort -n "$run/gpu_mem_mib.txt" | tail -1) MiB; metrics lines $(wc -l < "$metrics" 2>/dev/null || echo 0)"
 }
+
+model_with_weights() {  # model_with_weights SHAPE DIR: the random Qwen2.5 folder with its weights (verl loads them)
+  [ -f "$2/config.json" ] && ls "$2"/*.safetensors > /dev/null 2>&1 && return 0
+  rm -rf "$2"; step "model_$1" 420 env PYTHONPATH=$OURS_PATH python3 benchmarks/multi_gpu_bench.py model --dir "$2" --shape "$1"
+}
+
+case "$MODE" in
+  verl_smol|ours_smol|ours_smol_seed|verl_smol_seed|ours_smol_verl_order|verl_1p5b|ours_1p5b|verl_smol_1|verl_1p5b_1|verl_smol_2|verl_1p5b_2)
+    SETTINGS_FLAGS=--padded ;;
+esac
 
 case "$MODE" in
   stage)
@@ -104,6 +133,42 @@ print('verl:', verl.__version__, 'torch', torch.__version__, 'transformers', tra
   ours_1p5b) train ours_1p5b ours 1p5b "$M15" ;;
   report)
     PYTHONPATH=$OURS_PATH python3 "$HERE/report.py" --runs "$OUT" --out "$OUT/results/peer_verl.json"
+    ;;
+  stage_megatron)
+    bash "$0" stage || exit 1
+    PYTHONPATH=/tmp/site python3 -c "import transformer_engine.pytorch, transformer_engine_torch" 2>/dev/null \
+      || { echo "transformer-engine is not in /tmp/site: bash benchmarks/te/install.sh /tmp/site --wait 240 first"; exit 1; }
+    PYTHONPATH=$VERL_PATH python3 "$HERE/check_megatron_imports.py" --build --out "$OUT/megatron_imports.json" 2>&1 | tail -n 20
+    model_with_weights 1.5b "$M15"
+    # the tiny folder the config check reads (verl's config checks never read the model's size)
+    [ -f /tmp/m_tiny/config.json ] || PYTHONPATH=$OURS_PATH python3 benchmarks/multi_gpu_bench.py model --dir /tmp/m_tiny \
+      --shape tiny > /dev/null 2>&1
+    PYTHONPATH=$VERL_PATH python3 "$HERE/check_verl_config.py" --model /tmp/m_tiny --gpu-gib "${GIB:-80}" \
+      --out "$OUT/verl_config_check.json" 2>&1 | grep -E "^(ok|FAIL)" | cut -c1-160
+    [ -n "${SKIP_7B:-}" ] || model_with_weights 7b "$M7"
+    df -h /tmp | tail -1; free -g | head -2
+    ;;
+  verl_megatron_*|verl_7b|verl_7b_4gpu|ours_7b|ours_7b_4gpu|ours_best_smol|ours_best_1p5b|ours_best_smol_seed)
+    case "$MODE" in
+      verl_megatron_*) trainer=verl_megatron; job=${MODE#verl_megatron_} ;;
+      ours_best_smol_seed) trainer=ours; job=smol ;;
+      ours_best_*) trainer=ours; job=${MODE#ours_best_} ;;
+      ours_*) trainer=ours; job=${MODE#ours_} ;;
+      verl_*) trainer=verl; job=${MODE#verl_} ;;
+    esac
+    case "$job" in smol) model=$(ours_smol_dir) ;; 1p5b) model=$M15 ;; 7b|7b_4gpu) model=$M7 ;;
+      *) echo "unknown job $job"; exit 2 ;; esac
+    [ -f "$model/config.json" ] || { echo "no model at $model: run.sh stage_megatron first"; exit 1; }
+    gpus=$(python3 "$HERE/settings.py" "$trainer" "$job" --model x --out x --gpus)
+    have=$(nvidia-smi -L 2>/dev/null | wc -l)
+    [ "$have" -ge "$gpus" ] || { echo "$MODE needs $gpus GPUs, this machine has $have"; exit 1; }
+    name=$MODE
+    if [ "$MODE" = ours_best_smol_seed ]; then
+      name="ours_best_smol_seed${SEED:?set SEED}"; OURS_ARGS="data.seed=$SEED ${OURS_ARGS:-}"
+    fi
+    train "$name" "$trainer" "$job" "$model" ;;
+  report_megatron)
+    PYTHONPATH=$OURS_PATH python3 "$HERE/report.py" --megatron --runs "$OUT" --out "$OUT/results/peer_verl_megatron.json"
     ;;
   *) echo "unknown mode $MODE"; exit 2 ;;
 esac

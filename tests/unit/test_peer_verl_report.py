@@ -115,10 +115,11 @@ def test_each_job_names_the_gpus_its_runs_used(runs, tmp_path):
 def test_settings_identical_on_both_sides():
     for job in settings.JOBS:
         ours = settings.overrides("ours", job, "/m", "/o")
-        verl = settings.overrides("verl", job, "/m", "/o")
         shared_o = [a for a in ours if a not in settings.side("ours", job, "/m", "/o")]
-        shared_v = [a for a in verl if a not in settings.side("verl", job, "/m", "/o")]
-        assert shared_o == shared_v and len(shared_o) == len(settings.SHARED) + len(settings.JOBS[job])
+        for peer in ("verl", "verl_megatron"):
+            verl = settings.overrides(peer, job, "/m", "/o")
+            shared_v = [a for a in verl if a not in settings.side(peer, job, "/m", "/o")]
+            assert shared_o == shared_v and len(shared_o) == len({**settings.SHARED, **settings.JOBS[job]})
         assert "actor_rollout_ref.rollout.enforce_eager=false" in shared_o
     assert "trainer.total_training_steps=7" in settings.overrides("verl", "smol", "/m", "/o", steps=7)
     assert "trainer.test_freq=7" in settings.overrides("ours", "smol", "/m", "/o", steps=7)
