@@ -271,12 +271,13 @@ def compare(runs: str) -> dict:
 DATA_ORDER_KEYS = {"data.seed", "data.train_files", "data.shuffle"}
 
 
-def spread_parity(rows: list[dict], verl_se: Optional[float]) -> Optional[bool]:
+def spread_parity(rows: list[dict], verl_se: Optional[float], verl_name: str = "verl_smol",
+                  ours_name: str = "ours_smol") -> Optional[bool]:
     """Parity against hybridrl's own spread: verl's val gain within two standard deviations (hybridrl's run-to-run
     sd over runs that differ from ours_smol only in data order, and verl's standard error) of their mean; None
     with fewer than three such runs."""
-    verl = [r["val_score_gain"] for r in rows if r["run"] == "verl_smol" and r["val_score_gain"] is not None]
-    ours = [r["val_score_gain"] for r in rows if r["run"].startswith("ours_smol") and r["val_score_gain"] is not None
+    verl = [r["val_score_gain"] for r in rows if r["run"] == verl_name and r["val_score_gain"] is not None]
+    ours = [r["val_score_gain"] for r in rows if r["run"].startswith(ours_name) and r["val_score_gain"] is not None
             and all(d.split("=", 1)[0] in DATA_ORDER_KEYS for d in r["differs"])]
     if not verl or len(ours) < 3:
         return None
@@ -289,14 +290,14 @@ RUN_PATH_KEYS = {"actor_rollout_ref.model.path", "trainer.default_local_dir", "t
 SPREAD_KEYS = ["val_score_gain", "train_score_last", "kl_loss_last", "entropy_last", "response_length_last"]
 
 
-def spread(runs: str, summarized: dict[str, dict]) -> list[dict]:
+def spread(runs: str, summarized: dict[str, dict], verl_name: str = "verl_smol", ours_name: str = "ours_smol") -> list[dict]:
     """verl's SmolLM2 run beside every hybridrl one (ours_smol and run.sh's ours_smol_* variants: other data
     orders, verl's order, diagnosis overrides), each with the overrides that set it apart from ours_smol.
     `summarized`: runs compare() has read already, by folder name."""
-    base = os.path.join(runs, "ours_smol")
+    base = os.path.join(runs, ours_name)
     found = os.listdir(runs) if os.path.isdir(runs) else []
-    names = ["verl_smol", "ours_smol"] + sorted(n for n in found if n.startswith("ours_smol_")
-                                                and os.path.isdir(os.path.join(runs, n)))
+    names = [verl_name, ours_name] + sorted(n for n in found if n.startswith(ours_name + "_")
+                                            and os.path.isdir(os.path.join(runs, n)))
     try:
         with open(os.path.join(base, "command.txt")) as f:
             base_args = set(f.read().split())
@@ -312,7 +313,7 @@ def spread(runs: str, summarized: dict[str, dict]) -> list[dict]:
                 continue
         args = summary.get("command", "").split()
         differs = [a for a in args if "=" in a and a not in base_args and a.split("=", 1)[0] not in RUN_PATH_KEYS] \
-            if name.startswith("ours_smol_") else []
+            if name.startswith(ours_name + "_") else []
         rows.append({"run": name, "differs": differs, **{k: summary.get(k) for k in SPREAD_KEYS}})
     return rows if len(rows) > 2 else []
 
@@ -377,12 +378,154 @@ def markdown(result: dict, device: str) -> str:
     return "\n".join(lines)
 
 
+# ------------------------------------------------------------------------------------------ issue 34 (--megatron)
+# (metric, hybridrl's run, verl's run, what): run.sh's mode names; each trainer with its best settings (settings.py)
+MEGATRON_PAIRS = [
+    ("step_time_vs_verl_megatron_1.5b", "ours_best_1p5b", "verl_megatron_1p5b", "random Qwen2.5-1.5B, one GPU"),
+    ("step_time_vs_verl_megatron_7b", "ours_7b", "verl_megatron_7b", "random Qwen2.5-7B, one GPU"),
+    ("step_time_vs_verl_megatron_7b_4gpu", "ours_7b_4gpu", "verl_megatron_7b_4gpu",
+     "random Qwen2.5-7B, 4 GPUs: tp2 x dp2 training, vLLM tp2 x dp2"),
+    ("step_time_vs_verl_fsdp_7b_4gpu", "ours_7b_4gpu", "verl_7b_4gpu",
+     "random Qwen2.5-7B, 4 GPUs: hybridrl tp2 x dp2 vs verl's FSDP over 4, vLLM tp2 x dp2 on both"),
+    ("step_time_vs_verl_megatron_smol", "ours_best_smol", "verl_megatron_smol", "SmolLM2-135M-Instruct + gsm_symbolic"),
+]
+TARGET = 0.8  # issue 34: each step_time_vs_verl_megatron_* at most this
+# the phase table: (label, summary key); weight sync is verl's own phase and inside hybridrl's gen (reshard)
+PHASE_ROWS = [("step (s)", "step_s"), ("gen (s; hybridrl's includes its weight sync)", "gen_s"),
+              ("weight sync (s; verl update_weights, hybridrl reshard)", "sync_s"),
+              ("old log-probs (s)", "old_log_prob_s"), ("ref log-probs (s)", "ref_s"), ("update (s)", "update_actor_s"),
+              ("reward + adv (s)", "reward_adv_s"), ("tokens/s/GPU", "tokens_per_s_per_gpu"), ("start-up (s)", "startup_s"),
+              ("peak GPU memory (GiB, fullest GPU, nvidia-smi)", "peak_gpu_mem_gib"), ("steps", "steps"),
+              ("wall (s)", "wall_s")]
+FAILURE = re.compile(r"(Error|Exception|Traceback|OutOfMemory|out of memory|Killed|NameError|CUDA error|rc=\d)")
+
+
+def failure_excerpt(runs: str, name: str, lines: int = 8) -> list[str]:
+    """The last lines of a run's log (run.sh's NAME.log) that name an error: why a run gave no metrics."""
+    path = os.path.join(runs, f"{name}.log")
+    try:
+        with open(path, errors="replace") as f:
+            text = f.read().splitlines()
+    except OSError:
+        return []
+    hits = [ln.strip()[:300] for ln in text if FAILURE.search(ln) and "warn" not in ln.lower()]
+    return hits[-lines:]
+
+
+def _with_derived(summary: dict, trainer: str) -> dict:
+    out = dict(summary)
+    out["sync_s"] = summary.get("update_weights_s") if trainer == "verl" else summary.get("reshard_s")
+    parts = [summary.get("reward_s"), summary.get("adv_s")]
+    out["reward_adv_s"] = sum(p for p in parts if p is not None) if any(p is not None for p in parts) else None
+    return out
+
+
+def compare_megatron(runs: str) -> dict:
+    pairs, headline, failures = {}, {}, {}
+    for metric, ours_name, verl_name, what in MEGATRON_PAIRS:
+        pair: dict = {"what": what, "ours_run": ours_name, "verl_run": verl_name}
+        for trainer, name in (("ours", ours_name), ("verl", verl_name)):
+            try:
+                pair[trainer] = _with_derived(summarize(os.path.join(runs, name), trainer), trainer)
+                if not pair[trainer].get("steps"):
+                    pair[trainer]["failure"] = failure_excerpt(runs, name)
+            except FileNotFoundError as e:
+                pair[trainer] = {"missing": str(e), "failure": failure_excerpt(runs, name)}
+            if pair[trainer].get("failure"):
+                failures[name] = pair[trainer]["failure"]
+        o, v = pair["ours"].get("step_s"), pair["verl"].get("step_s")
+        headline[metric] = o / v if o and v else None
+        if metric.startswith("step_time_vs_verl_megatron_") and metric != "step_time_vs_verl_megatron_smol":
+            headline[f"{metric}_meets_{TARGET}"] = headline[metric] <= TARGET if headline[metric] is not None else None
+        pairs[metric] = pair
+    # learning parity on SmolLM2 against verl's Megatron backend, judged against hybridrl's own spread
+    check = val_generation_check(os.path.join(runs, "verl_megatron_smol"), os.path.join(runs, "ours_best_smol"),
+                                 shared_rescore())
+    rows = spread(runs, {}, verl_name="verl_megatron_smol", ours_name="ours_best_smol")
+    if check:
+        pairs["step_time_vs_verl_megatron_smol"]["val_generations"] = check
+        if "learning_parity" in check and check.get("reward_paths_agree", True):
+            headline["learning_parity_smol_megatron_single_pair"] = check["learning_parity"]
+    verdict = spread_parity(rows, (check or {}).get("verl_val_gain_se"), "verl_megatron_smol", "ours_best_smol")
+    if verdict is not None:
+        headline["learning_parity_smol_megatron"] = verdict
+    return {"headline": headline, "pairs": pairs, "spread": rows, "failures": failures}
+
+
+def markdown_megatron(result: dict, device: str) -> str:
+    lines = ["# verl 0.9.1's Megatron backend vs hybridrl: the same GRPO jobs (issue 34)", "",
+             f"Device: {device}. Medians over steps 2..N; ratio = hybridrl / verl (below 1: hybridrl is faster). "
+             f"Target: each step_time_vs_verl_megatron_* <= {TARGET}. Settings: benchmarks/peer_verl/settings.py "
+             "(each trainer's best documented settings; what verl could not use is in its README).", ""]
+    for name, value in result["headline"].items():
+        lines.append(f"- **{name}** = {_fmt(value)}")
+    for metric, pair in result["pairs"].items():
+        lines += ["", f"## {pair['what']} ({metric})", ""]
+        devices = {pair[t].get("device") for t in ("verl", "ours")} - {None}
+        if devices:
+            lines += [f"Device: {' / '.join(sorted(devices))}" + (" (**the two runs used different GPUs**)"
+                                                                   if len(devices) > 1 else ""), ""]
+        lines += [f"| phase | verl ({pair['verl_run']}) | hybridrl ({pair['ours_run']}) | hybridrl / verl |",
+                  "| --- | --- | --- | --- |"]
+        for label, key in PHASE_ROWS:
+            v, o = pair["verl"].get(key), pair["ours"].get(key)
+            if v is None and o is None:
+                continue
+            ratio = o / v if isinstance(v, (int, float)) and isinstance(o, (int, float)) and v else None
+            lines.append(f"| {label} | {_fmt(v)} | {_fmt(o)} | {_fmt(ratio)} |")
+        check = pair.get("val_generations")
+        if check:
+            lines += ["", "Validation generations (greedy, prompt by prompt): "
+                      + ", ".join(f"{k} {_fmt(v)}" for k, v in check.items())]
+        for trainer in ("verl", "ours"):
+            side = pair[trainer]
+            if "missing" in side or side.get("failure"):
+                lines += ["", f"{pair[trainer + '_run']}: **no timed steps**"
+                          + (f" ({side['missing']})" if "missing" in side else "") + ". Log lines naming the error:"]
+                lines += [f"    {ln}" for ln in side.get("failure") or ["(none found; see the run's log)"]]
+            if "command" in side:
+                lines += ["", f"{pair[trainer + '_run']}: `{side['command']}`"]
+    if result.get("spread"):
+        lines += ["", "## SmolLM2 learning: verl's Megatron run beside every hybridrl run", "",
+                  "| run | overrides beyond ours_best_smol | " + " | ".join(k.replace("_", " ") for k in SPREAD_KEYS)
+                  + " |", "| --- | --- |" + " --- |" * len(SPREAD_KEYS)]
+        for r in result["spread"]:
+            lines.append(f"| {r['run']} | {' '.join(r['differs']) or '-'} | "
+                         + " | ".join(_fmt(r[k]) for k in SPREAD_KEYS) + " |")
+    lines += ["", "Phase mapping: benchmarks/peer_verl/report.py's docstring; runs and settings: "
+              "benchmarks/peer_verl/README.md.", ""]
+    return "\n".join(lines)
+
+
+def main_megatron(args) -> None:
+    result = compare_megatron(args.runs)
+    per_run = sorted({p[t]["device"] for p in result["pairs"].values() for t in ("verl", "ours") if p[t].get("device")})
+    device = args.device or (" / ".join(per_run) if per_run else "unknown")
+    commands = [p[t]["command"] for p in result["pairs"].values() for t in ("verl", "ours") if "command" in p[t]]
+    record = {"command": " ; ".join(dict.fromkeys(commands)), "device": device,
+              "date": datetime.date.today().isoformat(),
+              "metrics": {**result["headline"], "pairs": result["pairs"], "smol_learning_spread": result["spread"],
+                          "failures": result["failures"]}}
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(record, f, indent=1)
+    md = markdown_megatron(result, device)
+    with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
+        f.write(md)
+    print(md)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", required=True, help="run.sh's $OUT: verl_smol/, ours_smol/, verl_1p5b/, ours_1p5b/")
     ap.add_argument("--out", required=True)
     ap.add_argument("--device", default=None)
+    ap.add_argument("--megatron", action="store_true",
+                    help="issue 34's table (verl's Megatron and FSDP backends vs hybridrl's best settings)")
     args = ap.parse_args(argv)
+    if args.megatron:
+        main_megatron(args)
+        return
     result = compare(args.runs)
     device = args.device
     per_run = sorted({p[t]["device"] for p in result["jobs"].values() for t in ("verl", "ours") if p[t].get("device")})

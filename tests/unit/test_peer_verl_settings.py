@@ -84,3 +84,56 @@ def test_main_prints_one_override_a_line(capsys):
     assert lines[0] == "model_engine=megatron" and "actor_rollout_ref.model.path=/m" in lines
     settings.main(["ours", "7b_4gpu", "--model", "/m", "--out", "/o", "--gpus"])
     assert capsys.readouterr().out.strip() == "4"
+
+
+# ---------------------------------------------------------------------------- report.py --megatron (issue 34)
+import json  # noqa: E402
+
+rspec = importlib.util.spec_from_file_location("peer_verl_report_mc", os.path.join(HERE, "report.py"))
+report = importlib.util.module_from_spec(rspec)
+rspec.loader.exec_module(report)
+
+
+def _lines(path, rows):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write("\n".join(json.dumps(r) for r in rows) + "\n")
+
+
+def _times(d, launched, first, ended, mem):
+    for name, v in (("launched_at", launched), ("first_metrics_at", first), ("ended_at", ended)):
+        with open(os.path.join(d, name), "w") as f:
+            f.write(f"{v}\n")
+    with open(os.path.join(d, "gpu_mem_mib.txt"), "w") as f:  # 4 GPUs sampled together: the fullest one counts
+        f.write("\n".join(str(m) for m in mem) + "\n")
+
+
+def test_megatron_report_ratios_phases_and_a_failed_run(tmp_path):
+    verl = [{"step": s, "data": {"timing_s/step": t, "timing_s/gen": 4.0, "timing_s/update_weights": 0.8,
+                                 "timing_s/old_log_prob": 1.0, "timing_s/update_actor": 3.0, "timing_s/reward": 0.2,
+                                 "timing_s/adv": 0.1, "perf/throughput": 900.0}} for s, t in ((1, 60.0), (2, 10.0), (3, 12.0))]
+    _lines(str(tmp_path / "verl_megatron_1p5b" / "metrics.jsonl"), verl)
+    _times(str(tmp_path / "verl_megatron_1p5b"), 0.0, 260.0, 400.0, [1000, 60000, 50000, 2000])
+    ours = [{"step": s, "timing_s/step": t, "timing_s/gen": 3.0, "timing_s/reshard": 0.2, "timing_s/old_log_prob": 0.5,
+             "timing_s/update_actor": 2.0, "perf/throughput": 2000.0} for s, t in ((1, 20.0), (2, 6.0), (3, 5.0))]
+    _lines(str(tmp_path / "ours_best_1p5b" / "logs" / "metrics.jsonl"), ours)
+    _times(str(tmp_path / "ours_best_1p5b"), 0.0, 80.0, 120.0, [40000])
+    # verl's 7B run died before its first step: the report names the error from its log
+    os.makedirs(tmp_path / "verl_megatron_7b")
+    (tmp_path / "verl_megatron_7b.log").write_text("starting\nUserWarning: something\n"
+                                                   "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB\n")
+    out = tmp_path / "res" / "peer_verl_megatron.json"
+    report.main(["--megatron", "--runs", str(tmp_path), "--out", str(out)])
+    rec = json.loads(out.read_text())
+    m = rec["metrics"]
+    assert m["step_time_vs_verl_megatron_1.5b"] == pytest.approx(5.5 / 11.0)
+    assert m["step_time_vs_verl_megatron_1.5b_meets_0.8"] is True
+    assert m["step_time_vs_verl_megatron_7b"] is None and m["step_time_vs_verl_fsdp_7b_4gpu"] is None
+    pair = m["pairs"]["step_time_vs_verl_megatron_1.5b"]
+    assert pair["verl"]["sync_s"] == pytest.approx(0.8) and pair["ours"]["sync_s"] == pytest.approx(0.2)
+    assert pair["verl"]["reward_adv_s"] == pytest.approx(0.3)
+    assert pair["verl"]["peak_gpu_mem_gib"] == pytest.approx(60000 / 1024)
+    assert any("OutOfMemoryError" in ln for ln in m["failures"]["verl_megatron_7b"])
+    md = (tmp_path / "res" / "peer_verl_megatron.md").read_text()
+    assert "| weight sync (s; verl update_weights, hybridrl reshard) | 0.800 | 0.200 |" in md
+    assert "verl_megatron_7b: **no timed steps**" in md and "CUDA out of memory" in md
