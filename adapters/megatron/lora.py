@@ -130,34 +130,45 @@ def attach(chunks: list[torch.nn.Module], arch: ModelArch, layout: ParallelLayou
     base weights are loaded and before the Engine (DDP and the optimizer then see the adapters only).
     Returns the adapter entries this rank holds."""
     from megatron.core import parallel_state as ps
-    from megatron.core.tensor_parallel import set_tensor_model_parallel_attributes
 
     _refuse_unsupported(chunks, arch)
     topo = Topology(tp=layout.tp, pp=layout.pp, vpp=layout.vpp)
-    pp_rank, tp_rank = ps.get_pipeline_model_parallel_rank(), ps.get_tensor_model_parallel_rank()
+    pp_rank = ps.get_pipeline_model_parallel_rank()
     entries = [e for e in lora_plan(arch, topo, spec.rank, spec.targets) if e.pp_rank == pp_rank]
     for chunk in chunks:
         chunk.requires_grad_(False)
+    _install(chunks, entries, arch, layout.tp, spec.scaling)
+    _fill(chunks, entries, _adapter_reader(spec) if spec.adapter_path else _InitReader(seed, entries), arch, layout.tp)
+    return entries
+
+
+def _install(chunks: list[torch.nn.Module], entries: list[Entry], arch: ModelArch, tp: int, scaling: float) -> None:
+    """A LoraAdapter (zeros) on every linear the entries name, with the hook that adds its output."""
     linears: dict[tuple[int, str], dict[str, tuple]] = {}
-    for a, b in zip(entries[::2], entries[1::2]):
+    for a, b in zip(entries[::2], entries[1::2]):  # lora_plan gives each module's A, then its B
         linear, module = a.mcore.split(".lora.")[0], a.mcore.rsplit(".", 1)[1]
-        linears.setdefault((a.vp_stage, linear), {})[module] = (shard_shape(a, arch, layout.tp),
-                                                                shard_shape(b, arch, layout.tp))
+        linears.setdefault((a.vp_stage, linear), {})[module] = (shard_shape(a, arch, tp), shard_shape(b, arch, tp))
     for (vp_stage, name), shapes in linears.items():
         linear = unwrap(chunks[vp_stage]).get_submodule(name)
-        base = linear.weight
-        style, members, groups = _fused_layout(name, arch, layout.tp)
-        linear.lora = LoraAdapter(style, members, shapes, groups, spec.scaling, base.dtype, base.device)
+        style, members, groups = _fused_layout(name, arch, tp)
+        linear.lora = LoraAdapter(style, members, shapes, groups, scaling, linear.weight.dtype, linear.weight.device)
         linear.register_forward_hook(_add_delta)
-    reader = _adapter_reader(spec) if spec.adapter_path else _InitReader(seed, entries)
+
+
+def _fill(chunks: list[torch.nn.Module], entries: list[Entry], reader: Any, arch: ModelArch, tp: int) -> None:
+    """Each adapter parameter's shard from `reader` (HF-shaped tensors by PEFT name), cut by the one mapping."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.tensor_parallel import set_tensor_model_parallel_attributes
+
+    tp_rank = ps.get_tensor_model_parallel_rank()
     params = [dict(unwrap(c).named_parameters()) for c in chunks]
     with torch.no_grad():
         for entry in entries:
             param = params[entry.vp_stage][entry.mcore]
-            param.copy_(hf_to_shard(entry, reader, arch, tp_rank, layout.tp))
-            if entry.kind != "replicated":  # megatron's grad norm counts a split param on every tp rank, a
-                set_tensor_model_parallel_attributes(param, True, 0 if entry.kind == "column" else 1, 1)  # copy once
-    return entries
+            param.copy_(hf_to_shard(entry, reader, arch, tp_rank, tp))
+            if entry.kind != "replicated":
+                # megatron's grad norm counts a tp-split param on every rank, a replicated one on tp rank 0 only
+                set_tensor_model_parallel_attributes(param, True, 0 if entry.kind == "column" else 1, 1)
 
 
 def _refuse_unsupported(chunks: list[torch.nn.Module], arch: ModelArch) -> None:

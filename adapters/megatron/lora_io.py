@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -66,17 +66,24 @@ class PeftReader(SafetensorsReader):
         super().__init__(spec.adapter_path)
 
 
+def export_adapter(chunks: list[torch.nn.Module], arch: ModelArch, layout: ParallelLayout, spec: LoraSpec,
+                   bucket_bytes: int = 512 << 20) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Collective: every adapter as (PEFT name, full tensor) buckets on every rank (weights.export_hf_weights over
+    mapping.lora_plan's rows): what a PEFT folder holds, and what an adapter-only weight sync would send."""
+    from .weights import export_hf_weights
+
+    topo = Topology(tp=layout.tp, pp=layout.pp, vpp=layout.vpp)
+    return export_hf_weights(chunks, arch, layout, bucket_bytes, entries=lora_plan(arch, topo, spec.rank, spec.targets))
+
+
 def write_peft_adapter(chunks: list[torch.nn.Module], arch: ModelArch, layout: ParallelLayout, spec: LoraSpec,
                        out: str, base_model: Optional[str] = None) -> Optional[list[str]]:
     """Collective: gather every adapter under PEFT's names and, on global rank 0, write `out`/adapter_config.json
     and adapter_model.safetensors (float32). Returns the tensor names written on rank 0, None elsewhere."""
     from safetensors.torch import save_file
 
-    from .weights import export_hf_weights
-
-    topo = Topology(tp=layout.tp, pp=layout.pp, vpp=layout.vpp)
     tensors: dict[str, torch.Tensor] = {}
-    for bucket in export_hf_weights(chunks, arch, layout, entries=lora_plan(arch, topo, spec.rank, spec.targets)):
+    for bucket in export_adapter(chunks, arch, layout, spec):
         tensors.update({n: t.detach().to("cpu", torch.float32).contiguous() for n, t in bucket})
     if dist.is_initialized() and dist.get_rank() != 0:
         return None

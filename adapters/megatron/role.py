@@ -15,7 +15,7 @@ from hybridrl.adapters.base import DispatchInfo, OffloadReport, WeightBucket, We
 from hybridrl.config.schema.common import MegatronConfig, OptimConfig
 from hybridrl.config.validate import ParallelLayout
 
-from . import checkpoint, offload, parallel
+from . import checkpoint, lora_io, offload, parallel
 from . import lora as lora_mod
 from .batching import micro_batches, mini_batch_rows, row_lengths, split_tokens
 from .builder import build_model
@@ -95,10 +95,17 @@ class MegatronRole:
     def export_weights(self, bucket_bytes: int, names: Optional[Collection[str]] = None) -> Iterator[WeightBucket]:
         """Full HF-named tensors in buckets (collective); parameters must be on the device (onload first)."""
         # LoRA: the base weights with the adapters merged in, so the rollout engine computes what the actor does.
-        # TODO(issue 40, GPU): vLLM LoRA requests (adapter-only sync, lora_io.write_peft_adapter's tensors) instead.
+        # TODO(issue 40, GPU): vLLM LoRA requests instead, the base loaded once and only export_adapter_weights()
+        # sent each step (the engine's LoRA request lives in hybridrl/rollout/vllm_engine.py); merged stays on request.
         merged = lora_mod.merged_params(self.engine.chunks) if self.lora is not None else None
         return export_hf_weights(self.engine.chunks, self.arch, self.layout, bucket_bytes, value_head=self.value_head,
                                  names=names, params=merged)
+
+    def export_adapter_weights(self, bucket_bytes: int) -> Iterator[WeightBucket]:
+        """LoRA: the adapters only, as (PEFT name, full tensor) buckets on every rank (collective)."""
+        if self.lora is None:
+            raise RuntimeError(f"{self.role}: export_adapter_weights needs LoRA (actor_rollout_ref.model.lora_rank > 0)")
+        return lora_io.export_adapter(self.engine.chunks, self.arch, self.layout, self.lora, bucket_bytes)
 
     def weight_regions(self) -> Optional[list[WeightRegion]]:
         # Views stay valid across offload/onload: that resizes the storages the views share.

@@ -23,6 +23,7 @@ import sys
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "megatron_helpers"))
@@ -128,6 +129,11 @@ def test_tp2_and_pp2_equal_tp1_and_resume_its_checkpoint(runs, layout):
         resumed = torch.tensor(r["resumed_log_probs"]) - torch.tensor(one["log_probs_after"])
         assert float(resumed.abs().max()) < TOL
         _same_update(one["update2"], r["resumed_update2"])
+        # every rank of every layout receives the whole adapter under PEFT's names (small buckets: several gathers)
+        want = load_file(os.path.join(runs["export"], "adapter_model.safetensors"))
+        got = torch.load(os.path.join(runs["root"], layout, f"adapter_rank{r['rank']}.pt"))
+        assert sorted(got) == sorted(want)
+        assert max(float((got[n] - want[n]).abs().max()) for n in want) < 1e-5  # after one Adam step
     # the update moved the adapters: the log-probs after it differ from peft's at the start
     refs = torch.load(os.path.join(runs["models"], "lora_refs.pt"))
     assert float((torch.tensor(one["log_probs_after"]) - refs["peft_log_probs"]).abs().max()) > 1e-3

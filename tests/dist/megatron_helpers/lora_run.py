@@ -125,6 +125,10 @@ def run(args, layout) -> dict:
         from hybridrl.adapters.megatron.lora_io import write_peft_adapter
 
         write_peft_adapter(actor.engine.chunks, actor.arch, layout, actor.lora, args.export, actor.hf_path)
+    # the adapter-only export every rank receives (tp/pp gathered): the test compares it with tp1's PEFT file
+    adapter = {n: t.detach().float().cpu() for b in actor.export_adapter_weights(1 << 16) for n, t in b}
+    os.makedirs(args.out, exist_ok=True)
+    torch.save(adapter, os.path.join(args.out, f"adapter_rank{dist.get_rank()}.pt"))
     out["update2"] = actor.update_policy(ppo_data(layout))
     if args.resume_ckpt:
         resumed = build(args, layout, adapter=False)
