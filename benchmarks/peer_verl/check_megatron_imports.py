@@ -1,8 +1,9 @@
 """How far verl 0.9.1's Megatron backend imports with megatron-core 0.16.1 + mbridge 0.15.1 (+ transformer-engine
-where it is installed): one module at a time, in the order verl's worker loads them, each in a fresh process so
-that one failure does not hide the next.
+where it is installed): one module at a time, in the order verl's worker loads them (--one-by-one: each in a fresh
+process, so that one failure does not hide the next).
 
     PYTHONPATH=VERL_SITE:OUR_SITE python benchmarks/peer_verl/check_megatron_imports.py [--out FILE.json] [--build]
+        [--one-by-one]
 
 Prints one line per module (ok, or the exception and the frame that raised it) and the versions found. `--build`
 goes one step further in-process: mbridge's AutoBridge reads a tiny Qwen2 config and builds megatron-core's
@@ -63,6 +64,22 @@ def probe(name: str, timeout: float) -> dict:
         if line.startswith("{"):
             return json.loads(line)
     return {"module": name, "ok": False, "error": f"exit {proc.returncode}: {proc.stderr.strip()[-600:]}"}
+
+
+def probe_here(name: str) -> dict:
+    """The same probe in this process (modules load in verl's order, so a failure can leave later ones half-set)."""
+    import importlib
+    import traceback
+    import warnings
+
+    warnings.simplefilter("ignore")
+    try:
+        importlib.import_module(name)
+        return {"module": name, "ok": True}
+    except BaseException as e:  # noqa: BLE001
+        tb = traceback.extract_tb(e.__traceback__)
+        return {"module": name, "ok": False, "error": f"{type(e).__name__}: {e}"[:600],
+                "at": f"{tb[-1].filename}:{tb[-1].lineno}" if tb else None}
 
 
 def versions() -> dict:
@@ -133,11 +150,13 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--build", action="store_true")
     ap.add_argument("--timeout", type=float, default=240)
+    ap.add_argument("--one-by-one", action="store_true",
+                    help="a fresh process per module (slow: each imports torch); default: one process, in order")
     args = ap.parse_args(argv)
     report = {"versions": versions(), "imports": []}
     print("versions: " + ", ".join(f"{k} {v}" for k, v in report["versions"].items()), flush=True)
     for name in MODULES:
-        r = probe(name, args.timeout)
+        r = probe(name, args.timeout) if args.one_by_one else probe_here(name)
         report["imports"].append(r)
         print(f"{'ok  ' if r['ok'] else 'FAIL'} {name}" + ("" if r["ok"] else f": {r['error']} [{r.get('at')}]"),
               flush=True)

@@ -66,7 +66,11 @@ train() {  # train NAME TRAINER JOB MODEL [PART]: one trainer's run with the GPU
   else
     cmd=(env PYTHONPATH=$VERL_PATH VERL_FILE_LOGGER_PATH=$metrics python3 "$HERE/launch_verl.py" "${args[@]}")
   fi
+  # the job's GPUs are the machine's first ones (a 4-GPU machine runs the one-GPU jobs on GPU 0)
+  local gpus; gpus=$(python3 "$HERE/settings.py" "$trainer" "$job" --model x --out x --gpus)
+  cmd=(env CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((gpus - 1))) "${cmd[@]:1}")
   printf '%q ' "${cmd[@]}" > "$run/command.txt$sfx"
+  if [ -n "${DRY:-}" ]; then cat "$run/command.txt$sfx"; echo; return 0; fi  # DRY=1: the command only (CPU check)
   nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 > "$run/device.txt$sfx"
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 >> "$run/gpu_mem_mib.txt" 2>/dev/null &
   local smi=$!
@@ -135,10 +139,15 @@ print('verl:', verl.__version__, 'torch', torch.__version__, 'transformers', tra
     PYTHONPATH=$OURS_PATH python3 "$HERE/report.py" --runs "$OUT" --out "$OUT/results/peer_verl.json"
     ;;
   stage_megatron)
-    bash "$0" stage || exit 1
-    PYTHONPATH=/tmp/site python3 -c "import transformer_engine.pytorch, transformer_engine_torch" 2>/dev/null \
+    mkdir -p /tmp/bv && cp .gpu_verl/v_* .gpu_verl/unpack.sh /tmp/bv/ && bash /tmp/bv/unpack.sh /tmp/verl_site || exit 1
+    [ -d /tmp/site/vllm ] || { echo "our bundle is not at /tmp/site: run benchmarks/gpu_run.sh stage first"; exit 1; }
+    PYTHONPATH=/tmp/site python3 -c "import transformer_engine.pytorch, transformer_engine_torch" > /dev/null 2>&1 \
       || { echo "transformer-engine is not in /tmp/site: bash benchmarks/te/install.sh /tmp/site --wait 240 first"; exit 1; }
-    PYTHONPATH=$VERL_PATH python3 "$HERE/check_megatron_imports.py" --build --out "$OUT/megatron_imports.json" 2>&1 | tail -n 20
+    # verl's Megatron path in one process (on the host everything should import; ONE_BY_ONE=1: a process each)
+    PYTHONPATH=$VERL_PATH python3 "$HERE/check_megatron_imports.py" --build ${ONE_BY_ONE:+--one-by-one} \
+      --out "$OUT/megatron_imports.json" 2>&1 | grep -v -i warn | tail -n 20
+    # SmolLM2's folder only where its GGUF was staged (gpu_run.sh stage with g_0..g_2): the smol runs need it
+    [ -d "$SMOL" ] && { S=$(ours_smol_dir); echo "smol HF folder: $S"; }
     model_with_weights 1.5b "$M15"
     # the tiny folder the config check reads (verl's config checks never read the model's size)
     [ -f /tmp/m_tiny/config.json ] || PYTHONPATH=$OURS_PATH python3 benchmarks/multi_gpu_bench.py model --dir /tmp/m_tiny \
@@ -158,10 +167,10 @@ print('verl:', verl.__version__, 'torch', torch.__version__, 'transformers', tra
     esac
     case "$job" in smol) model=$(ours_smol_dir) ;; 1p5b) model=$M15 ;; 7b|7b_4gpu) model=$M7 ;;
       *) echo "unknown job $job"; exit 2 ;; esac
-    [ -f "$model/config.json" ] || { echo "no model at $model: run.sh stage_megatron first"; exit 1; }
+    [ -f "$model/config.json" ] || [ -n "${DRY:-}" ] || { echo "no model at $model: run.sh stage_megatron first"; exit 1; }
     gpus=$(python3 "$HERE/settings.py" "$trainer" "$job" --model x --out x --gpus)
     have=$(nvidia-smi -L 2>/dev/null | wc -l)
-    [ "$have" -ge "$gpus" ] || { echo "$MODE needs $gpus GPUs, this machine has $have"; exit 1; }
+    [ "$have" -ge "$gpus" ] || [ -n "${DRY:-}" ] || { echo "$MODE needs $gpus GPUs, this machine has $have"; exit 1; }
     name=$MODE
     if [ "$MODE" = ours_best_smol_seed ]; then
       name="ours_best_smol_seed${SEED:?set SEED}"; OURS_ARGS="data.seed=$SEED ${OURS_ARGS:-}"
