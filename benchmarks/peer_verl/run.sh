@@ -148,7 +148,7 @@ print('verl:', verl.__version__, 'torch', torch.__version__, 'transformers', tra
       --out "$OUT/megatron_imports.json" 2>&1 | grep -v -i warn | tail -n 20
     # SmolLM2's folder only where its GGUF was staged (gpu_run.sh stage with g_0..g_2): the smol runs need it
     [ -d "$SMOL" ] && { S=$(ours_smol_dir); echo "smol HF folder: $S"; }
-    model_with_weights 1.5b "$M15"
+    [ -n "${SKIP_1P5B:-}" ] || model_with_weights 1.5b "$M15"
     # the tiny folder the config check reads (verl's config checks never read the model's size)
     [ -f /tmp/m_tiny/config.json ] || PYTHONPATH=$OURS_PATH python3 benchmarks/multi_gpu_bench.py model --dir /tmp/m_tiny \
       --shape tiny > /dev/null 2>&1
