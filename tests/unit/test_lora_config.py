@@ -49,3 +49,18 @@ def test_bad_lora_values_name_the_key(overrides, message):
 def test_lora_refuses_the_transformer_engine_spec_naming_the_key():
     with pytest.raises(ConfigError, match="transformer_impl=local"):
         run(f"{M}.lora_rank=8", "trainer.device=cuda", cuda=lambda: True, te=lambda: True)
+
+
+def test_a_peft_adapter_must_match_the_keys_and_the_error_says_what_to_set():
+    from hybridrl.adapters.megatron.lora import LoraSpec
+    from hybridrl.adapters.megatron.lora_io import check_peft_config
+
+    spec = LoraSpec(8, 16.0, ("q_proj", "v_proj"))
+    ok = {"peft_type": "LORA", "r": 8, "lora_alpha": 16, "target_modules": ["v_proj", "q_proj"], "bias": "none"}
+    check_peft_config(ok, spec, "/adapter")
+    for change, message in [({"r": 4}, f"set {M}.lora_rank=4"), ({"lora_alpha": 32}, f"set {M}.lora_alpha=32"),
+                            ({"target_modules": ["q_proj"]}, rf"set {M}.target_modules=\[q_proj\]"),
+                            ({"use_dora": True}, "no DoRA"), ({"lora_bias": True}, "trained biases"),
+                            ({"rank_pattern": {"q_proj": 4}}, "rank_pattern")]:
+        with pytest.raises(ValueError, match=message):
+            check_peft_config({**ok, **change}, spec, "/adapter")

@@ -296,3 +296,24 @@ def test_expert_layout_errors_name_the_knob():
     with pytest.raises(ValueError, match="dense model without experts"):
         check_expert_layout(arch_from_hf(hf_config()), 1, 2, None)
     check_expert_layout(arch, 2, 4, 2)
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_lora_rows_shard_and_merge_back_under_peft_names(tp):
+    """mapping.lora_plan: every adapter (A [r, in], B [out, r] of each HF module) with PEFT's name; cut into tp
+    shards by the same functions as the base and merged back, each tensor is whole again."""
+    from hybridrl.adapters.megatron.mapping import lora_plan
+
+    topo, rank = Topology(tp=tp, pp=2), 3
+    entries = lora_plan(ARCH, topo, rank, ("q_proj", "k_proj", "o_proj", "up_proj", "down_proj"))
+    assert len(entries) == ARCH.num_layers * 5 * 2
+    assert entries[0].hf == ("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight",)
+    assert entries[0].mcore == "decoder.layers.0.self_attention.linear_qkv.lora.lora_A.q_proj"
+    assert [e.pp_rank for e in entries[::10]] == [0, 0, 1, 1]  # 2 layers a stage
+    g = torch.Generator().manual_seed(1)
+    hf = {e.hf[0]: torch.randn(e.hf_shapes[0], generator=g) for e in entries}
+    for entry in entries:
+        shards = [hf_to_shard(entry, reader(hf), ARCH, r, tp) for r in range(tp)]
+        assert all(tuple(s.shape) == shard_shape(entry, ARCH, tp) for s in shards), entry.mcore
+        (name, tensor), = shards_to_hf(entry, shards, ARCH)
+        assert torch.equal(tensor, hf[name]), name
