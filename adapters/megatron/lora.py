@@ -137,9 +137,23 @@ def attach(chunks: list[torch.nn.Module], arch: ModelArch, layout: ParallelLayou
     entries = [e for e in lora_plan(arch, topo, spec.rank, spec.targets) if e.pp_rank == pp_rank]
     for chunk in chunks:
         chunk.requires_grad_(False)
+        _recompute_needs_grad_input(unwrap(chunk))
     _install(chunks, entries, arch, layout.tp, spec.scaling)
     _fill(chunks, entries, _adapter_reader(spec) if spec.adapter_path else _InitReader(seed, entries), arch, layout.tp)
     return entries
+
+
+def _recompute_needs_grad_input(model: torch.nn.Module) -> None:
+    """Under full activation recompute, megatron's checkpoint function passes gradients only to inputs that require
+    them; the frozen embedding's output does not, so the recomputed layers' adapters would get none. Marking that
+    output as requiring grad (what peft does with enable_input_require_grads) lets the backward reach them."""
+    if getattr(model.config, "recompute_granularity", None) is None or not hasattr(model, "embedding"):
+        return
+
+    def needs_grad(module: torch.nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+        return output if output.requires_grad else output.requires_grad_()
+
+    model.embedding.register_forward_hook(needs_grad)
 
 
 def _install(chunks: list[torch.nn.Module], entries: list[Entry], arch: ModelArch, tp: int, scaling: float) -> None:

@@ -6,7 +6,8 @@ with the adapter and without it, and the adapters' gradients of L = sum w * log-
 (tp=1, tp=2, pp=2; lora_run.py) load the adapter through lora_adapter_path and check against those references:
   * the forward equals peft's (padded and packed micro-batches); the actor with its adapters off (the reference
     policy) equals the base; a fresh adapter (PEFT's init, B = 0) equals the base;
-  * gradients reach the adapters only and equal peft's; the optimizer holds exactly the adapters' elements;
+  * gradients reach the adapters only and equal peft's (also under full activation recompute, where the frozen
+    embedding's output must be marked as needing grad); the optimizer holds exactly the adapters' elements;
     an update leaves the base bitwise unchanged;
   * tp=2 and pp=2 equal tp=1: two updates' metrics and the log-probs after the first; both load tp=1's
     checkpoint (adapters and distributed optimizer state, keyed by PEFT name) and give tp=1's log-probs and
@@ -103,6 +104,7 @@ def test_forward_equals_peft_and_adapters_off_equal_the_base(runs, layout):
 def test_gradients_reach_the_adapters_only_and_equal_pefts(runs, layout):
     for r in runs[layout]:
         assert r["grad_rel_diff"] < GRAD_TOL, r["grad_rel_diff"]
+        assert r["recompute_grad_rel_diff"] < GRAD_TOL, r["recompute_grad_rel_diff"]  # also under full recompute
         assert r["base_with_grad"] == []
         # 4 layers x 7 modules x (A, B), pp2: half the layers per stage; each was read from the PEFT file
         assert r["adapter_entries"] == 4 * 7 * 2 // (2 if layout == "pp2" else 1)

@@ -33,17 +33,17 @@ from hybridrl.protocol import DataProto  # noqa: E402
 RANK, ALPHA = 4, 8.0
 
 
-def lora_model(args, adapter: bool) -> ModelConfig:
+def lora_model(args, adapter: bool, recompute: bool = False) -> ModelConfig:
     return ModelConfig(path=os.path.join(args.models, "qwen2"), lora_rank=RANK, lora_alpha=ALPHA,
-                       target_modules="all-linear",
+                       target_modules="all-linear", enable_gradient_checkpointing=recompute,
                        lora_adapter_path=os.path.join(args.models, "adapter") if adapter else None)
 
 
-def build(args, layout, adapter: bool):
+def build(args, layout, adapter: bool, recompute: bool = False):
     from hybridrl.adapters.megatron.actor import MegatronActor
 
     cfg = dataclasses.replace(actor_cfgs(args, 2, False, True), entropy_coeff=0.0)
-    return MegatronActor(lora_model(args, adapter), cfg, layout, batch_plan(layout, 2, False))
+    return MegatronActor(lora_model(args, adapter, recompute), cfg, layout, batch_plan(layout, 2, False))
 
 
 def log_probs(actor, refs) -> torch.Tensor:
@@ -115,6 +115,10 @@ def run(args, layout) -> dict:
         refs["batch"], meta_info={"temperature": refs["temperature"]})).batch["log_probs"]
     out["adapters_off_vs_base"] = float((off - refs["base_log_probs"])[mask].abs().max())
     out.update(check_grads(actor, refs, layout))
+    # full activation recompute: the frozen embedding's output needs no grad, yet the adapters inside the
+    # recomputed layers must get theirs
+    recomputed = check_grads(build(args, layout, adapter=True, recompute=True), refs, layout)
+    out["recompute_grad_rel_diff"] = recomputed["grad_rel_diff"]
     before = base_checksum(actor)
     out["update"] = actor.update_policy(ppo_data(layout))
     out["base_unchanged"] = base_checksum(actor) == before
