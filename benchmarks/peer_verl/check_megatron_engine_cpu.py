@@ -1,0 +1,159 @@
+"""verl 0.9.1's Megatron engine, initialized on CPU as far as it goes without transformer-engine: the same
+MegatronEngineWithLMHead verl's actor worker builds from settings.py's verl_megatron overrides (composed through
+verl's Hydra config), on one gloo process, with megatron-core made CPU-capable by hybridrl's adapters/megatron/
+compat.py (loaded as a file: no hybridrl import) and mbridge's layer spec swapped for megatron-core's local one
+(TE's needs CUDA). What this exercises of verl + mbridge 0.15.1 + megatron-core 0.16.1: parallel-state init with
+verl's arguments, mbridge's TransformerConfig with verl's overrides, the GPTModel build and DDP wrap of mbridge's
+get_model, mbridge's HF weight loading, verl's optimizer (megatron's distributed optimizer over torch Adam here:
+TE's FusedAdam on the GPU), scheduler and checkpoint manager, and the offload calls of the settings. The local
+spec names its norms differently from TE's fused ones, so the weight load is expected to differ there (printed).
+
+    PYTHONPATH=VERL_SITE:OUR_SITE python benchmarks/peer_verl/check_megatron_engine_cpu.py --model TINY_QWEN2_DIR \
+        [--job 1p5b] [--out FILE.json]
+
+This is a CPU check only: on the GPU host the real TE path runs (run.sh stage_megatron and the runs).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import traceback
+import warnings
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+import settings  # noqa: E402
+
+
+def _compat():
+    spec = importlib.util.spec_from_file_location("peer_verl_mcore_compat",
+                                                  os.path.join(REPO, "adapters", "megatron", "compat.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--job", default="1p5b")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    warnings.simplefilter("ignore")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29531")
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    os.environ.setdefault("LOCAL_RANK", "0")
+    steps: list[dict] = []
+    stage = "setup"
+
+    def done(name: str, **info) -> None:
+        steps.append({"stage": name, "ok": True, **info})
+        print(f"ok   {name}" + (f": {info}" if info else ""), flush=True)
+
+    try:
+        compat = _compat()
+        compat.apply(force_cpu=True)
+        compat.without_transformer_engine()
+        import torch
+
+        # verl logs GPU memory around its offloads (torch.cuda.memory_*): zeros on CPU
+        for fn in ("memory_allocated", "memory_reserved", "max_memory_allocated", "max_memory_reserved"):
+            setattr(torch.cuda, fn, lambda *a, **k: 0)
+        torch.cuda.mem_get_info = lambda *a, **k: (0, 0)
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", rank=0, world_size=1)
+        done("gloo process group, megatron-core on CPU (hybridrl compat)")
+
+        stage = "local layer spec for mbridge"
+        import mbridge.core.llm_bridge as llm_bridge
+        from megatron.core.models.gpt import gpt_layer_specs
+
+        def local_spec(config, use_transformer_engine=True, **kw):  # noqa: ARG001  (TE's needs CUDA)
+            return gpt_layer_specs.get_gpt_decoder_block_spec(config, use_transformer_engine=False, **kw)
+
+        llm_bridge.get_gpt_decoder_block_spec = local_spec
+        # ...and the local spec's separate norms named for mbridge's loader (TE fuses them into the next linear:
+        # linear_qkv.layer_norm_weight, linear_fc1.layer_norm_weight); the HF names are mbridge's own
+        from mbridge.models.qwen2 import Qwen2Bridge
+
+        Qwen2Bridge._OTHER_MAPPING = {**getattr(Qwen2Bridge, "_OTHER_MAPPING", {}),
+                                      "input_layernorm.weight": ["model.layers.{layer_number}.input_layernorm.weight"]}
+        Qwen2Bridge._MLP_MAPPING = {**Qwen2Bridge._MLP_MAPPING, "pre_mlp_layernorm.weight":
+                                    ["model.layers.{layer_number}.post_attention_layernorm.weight"]}
+
+        stage = "compose verl's config"
+        from hydra import compose, initialize_config_dir
+        from omegaconf import OmegaConf
+
+        import verl
+
+        overrides = settings.overrides("verl_megatron", args.job, os.path.abspath(args.model), "/tmp/peer_verl_cpu")
+        with initialize_config_dir(config_dir=os.path.join(os.path.dirname(verl.__file__), "trainer", "config"),
+                                   version_base=None):
+            cfg = compose(config_name="ppo_trainer", overrides=overrides)
+        # the trainer writes the step count into the optimizer's config before building workers (trainer_base)
+        cfg.actor_rollout_ref.actor.optim.total_training_steps = cfg.trainer.total_training_steps
+        OmegaConf.resolve(cfg)
+        done("compose", job=args.job)
+
+        stage = "typed configs (as engine_workers.init_model)"
+        from verl.utils.config import omega_conf_to_dataclass
+        from verl.workers.config import HFModelConfig
+
+        ara = cfg.actor_rollout_ref
+        model_config = omega_conf_to_dataclass(ara.model, dataclass_type=HFModelConfig)
+        actor = omega_conf_to_dataclass(ara.actor)
+        actor.model_config = model_config
+        engine_config = actor.engine
+        engine_config.use_dynamic_bsz = ara.actor.use_dynamic_bsz
+        engine_config.infer_max_token_len_per_gpu = ara.rollout.log_prob_max_token_len_per_gpu
+        engine_config.infer_micro_batch_size_per_gpu = ara.rollout.log_prob_micro_batch_size_per_gpu
+        engine_config.max_token_len_per_gpu = ara.actor.ppo_max_token_len_per_gpu
+        engine_config.micro_batch_size_per_gpu = ara.actor.ppo_micro_batch_size_per_gpu
+        engine_config.use_remove_padding = model_config.get("use_remove_padding", False)
+        engine_config.use_fused_kernels = model_config.get("use_fused_kernels", False)
+        model_config.model_type = "language_model"
+        done("configs", engine=type(engine_config).__name__, optim=type(actor.optim).__name__)
+
+        stage = "EngineRegistry.new (MegatronEngineWithLMHead.__init__: parallel state with verl's arguments)"
+        from verl.workers.engine import EngineRegistry
+
+        engine = EngineRegistry.new(model_type="language_model", backend=engine_config.strategy,
+                                    model_config=model_config, engine_config=engine_config,
+                                    optimizer_config=actor.optim, checkpoint_config=actor.checkpoint)
+        compat.install_memory_buffer()
+        # verl's set_random_seed seeded megatron's CUDA RNG tracker; the CPU one gets the same seed
+        compat.model_parallel_seed(engine_config.seed)
+        done("engine constructed", cls=type(engine).__name__)
+
+        stage = "engine.initialize (tf config, mbridge model + DDP, weight load, optimizer, checkpoint manager)"
+        engine.initialize()
+        n = sum(p.numel() for m in engine.module for p in m.parameters())
+        done("engine.initialize", params=n, optimizer=type(engine.optimizer).__name__,
+             attention_backend=str(getattr(engine.tf_config, "attention_backend", None)),
+             variable_seq_lengths=getattr(engine.tf_config, "variable_seq_lengths", None),
+             recompute=(getattr(engine.tf_config, "recompute_granularity", None),
+                        getattr(engine.tf_config, "recompute_method", None),
+                        getattr(engine.tf_config, "recompute_num_layers", None)),
+             offload=(engine.is_param_offload_enabled, engine._is_offload_optimizer))
+    except BaseException as e:  # noqa: BLE001
+        tb = traceback.extract_tb(e.__traceback__)
+        steps.append({"stage": stage, "ok": False, "error": f"{type(e).__name__}: {e}"[:1500],
+                      "at": [f"{f.filename}:{f.lineno}" for f in tb[-4:]]})
+        print(f"FAIL {stage}: {type(e).__name__}: {str(e)[:1200]}\n     at " + " <- ".join(
+            f"{os.path.basename(f.filename)}:{f.lineno}" for f in reversed(tb[-4:])), flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(steps, f, indent=1, default=str)
+    return 0 if all(s["ok"] for s in steps) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
