@@ -9,13 +9,16 @@ automatically (pass them through `extra_env` on purpose) and values are never lo
 from __future__ import annotations
 
 import atexit
+import contextlib
 import fnmatch
 import logging
 import os
 import shutil
+import signal
 import tempfile
+import threading
 import time
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 __all__ = ["DEFAULT_EXCLUDES", "build_runtime_env", "forwarded_env", "init_ray", "describe_runtime_env"]
 
@@ -137,10 +140,31 @@ def init_ray(num_cpus: int | None = None, num_gpus: int | None = None, *, addres
     runtime_env = build_runtime_env(working_dir, extra_env)
     logger.info("starting Ray with %s", describe_runtime_env(runtime_env))
     atexit.register(shutdown_ray)  # first: a signal that interrupts ray.init still gets its folder removed
-    return ray.init(
-        address=address, num_cpus=num_cpus, num_gpus=num_gpus, runtime_env=runtime_env or None,
-        include_dashboard=bool(include_dashboard), dashboard_host="127.0.0.1", **ray_kwargs,
-    )
+    # Ray's core worker installs absl's failure signal handler, which takes SIGTERM from the driver's own handler
+    # (stack dump, then the process dies): the driver's SIGTERM/SIGINT handling stays the trainer's
+    os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
+    with _signal_handlers_kept():
+        return ray.init(
+            address=address, num_cpus=num_cpus, num_gpus=num_gpus, runtime_env=runtime_env or None,
+            include_dashboard=bool(include_dashboard), dashboard_host="127.0.0.1", **ray_kwargs,
+        )
+
+
+@contextlib.contextmanager
+def _signal_handlers_kept() -> Iterator[None]:
+    """ray.init replaces the driver's SIGTERM handler twice (a Python one calling sys.exit, then its core worker's
+    C++ one, which dumps a stack and kills the process): the driver's own handlers (the trainer's stopping.py)
+    are put back when it returns."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            if handler is not None:
+                signal.signal(sig, handler)
 
 
 def shutdown_ray() -> None:

@@ -240,6 +240,11 @@ def build_components(run: RunConfig, signals: Optional[StopSignals]) -> Componen
         raise
     if signals is not None:
         signals.install()
+        try:
+            signals.raise_if_requested()
+        except RunStopped:
+            parts.close()
+            raise
     return parts
 
 

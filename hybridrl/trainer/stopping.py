@@ -2,8 +2,8 @@
 
 While training, the first signal asks the loop to stop after the step in flight and save it (the loop checks
 `requested` after each step); if that has not happened within trainer.stop_grace_s, or a second signal comes,
-RunStopped is raised at once. Before training starts (start-up, validation) there is nothing to save: the first
-signal raises RunStopped straight away. The entry points print RunStopped as one line naming the last good
+RunStopped is raised at once. A signal during start-up stops the run when start-up ends (nothing to save yet),
+or at once on the grace period or a second signal. The entry points print RunStopped as one line naming the last good
 checkpoint (the commit marker of trainer.default_local_dir), never a KeyboardInterrupt traceback.
 
 Only the driver of the Ray backend installs this: under torchrun every rank is a driver and the ranks would not
@@ -64,15 +64,21 @@ class StopSignals:
             signal.signal(sig, handler)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
-        if not self.training:
-            raise RunStopped(signum, "before training started")
         if self.signum is not None:
             raise RunStopped(signum, "a second signal")
         self.signum = signum
-        print(f"hybridrl: {self.name} received: stopping after this step and saving it (at most "
-              f"trainer.stop_grace_s={self.grace_s:g}s; send it again to stop at once)", flush=True)
+        what = "stopping after this step and saving it" if self.training else "stopping once start-up ends"
+        print(f"hybridrl: {self.name} received: {what} (at most trainer.stop_grace_s={self.grace_s:g}s; send it again "
+              "to stop at once)", flush=True)
         signal.signal(signal.SIGALRM, self._on_alarm)
         signal.setitimer(signal.ITIMER_REAL, self.grace_s)
+
+    def raise_if_requested(self) -> None:
+        """At the end of start-up: a signal that came during it stops the run here, where nothing is half-done
+        (raised from the handler, the exception would land inside Ray's start-up calls)."""
+        if self.signum is not None:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            raise RunStopped(self.signum, "before training started")
 
     def _on_alarm(self, signum: int, frame: Any) -> None:
         raise RunStopped(self.signum or signum, f"the step and its save took longer than trainer.stop_grace_s="
@@ -93,6 +99,21 @@ def exit_when_stopped(trainer_cfg: Any) -> Iterator[None]:
     """For entry points: RunStopped -> its one line on stderr, exit status 128 + the signal (as the shell's)."""
     try:
         yield
-    except RunStopped as e:
-        print(stopped_line(e, trainer_cfg), file=sys.stderr, flush=True)
-        raise SystemExit(128 + e.signum) from None
+    except BaseException as e:
+        stop = stop_in_chain(e)
+        if stop is None:
+            raise
+        print(stopped_line(stop, trainer_cfg), file=sys.stderr, flush=True)
+        raise SystemExit(128 + stop.signum) from None
+
+
+def stop_in_chain(e: Optional[BaseException]) -> Optional[RunStopped]:
+    """RunStopped, also where a library wrapped it: raised inside Ray's Cython calls it comes back as the cause of a
+    SystemError, which a checkpoint save or a worker call wraps again."""
+    todo, seen = [e], 0
+    while todo and seen < 32:  # both links: a wrapper may set __cause__ while RunStopped is the __context__
+        e, seen = todo.pop(0), seen + 1
+        if isinstance(e, RunStopped):
+            return e
+        todo += [x for x in (e.__cause__, e.__context__) if x is not None]
+    return None
