@@ -35,9 +35,11 @@ def check_inputs(run: Any) -> None:
         _lengths({**hf, **(model.override_config or {})}, cfg.data, errors)
     if d.use_critic:
         _model_folder("critic.model.path", cfg.critic.model.path, cfg.critic.model.gguf_file, False, errors)
-    for key, files in (("data.train_files", cfg.data.train_files), ("data.val_files", cfg.data.val_files)):
-        for path in ([files] if isinstance(files, str) else list(files or [])):
-            _data_file(key, path, cfg.data, errors)
+    custom = getattr(cfg.data, "custom_cls", None)
+    if not (custom is not None and getattr(custom, "path", None)):  # a custom dataset class reads its own files
+        for key, files in (("data.train_files", cfg.data.train_files), ("data.val_files", cfg.data.val_files)):
+            for path in ([files] if isinstance(files, str) else list(files or [])):
+                _data_file(key, path, cfg.data, errors)
     _reward_function(cfg, errors)
     if errors:
         raise ConfigError("\n  ".join(errors))
@@ -121,9 +123,6 @@ def _data_file(key: str, path: str, data: Any, errors: list[str]) -> None:
     except Exception as e:  # noqa: BLE001 - any reader error is a bad file; the dataset reports it in full later
         errors.append(f"{key}: {full}: unreadable ({type(e).__name__}: {e})")
         return
-    custom = getattr(data, "custom_cls", None)
-    if custom is not None and getattr(custom, "path", None):
-        return  # a custom dataset class defines its own columns
     for column in (data.prompt_key, data.reward_fn_key, "reward_model"):
         if column not in columns:
             fix = {data.prompt_key: "data.prompt_key", data.reward_fn_key: "data.reward_fn_key"}.get(column)

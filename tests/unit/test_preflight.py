@@ -89,3 +89,9 @@ def test_reward_function_signature(files):
     fn.write_text("def compute_score(solution_str):\n    return 0.0\n")
     msg = one_line_error(files, f"custom_reward_function.path={fn}")
     assert "must accept keyword arguments" in msg and "compute_score(solution_str)" in msg
+
+
+def test_a_custom_dataset_class_reads_its_own_files(files):
+    cls = files["root"] / "my_dataset.py"
+    cls.write_text("class D:\n    pass\n")
+    check(files, f"data.train_files={files['root'] / 'rows.txt'}", f"data.custom_cls.path={cls}", "data.custom_cls.name=D")
