@@ -143,6 +143,27 @@ def main(argv=None) -> int:
                         getattr(engine.tf_config, "recompute_method", None),
                         getattr(engine.tf_config, "recompute_num_layers", None)),
              offload=(engine.is_param_offload_enabled, engine._is_offload_optimizer))
+
+        stage = "get_per_tensor_param (the weights verl sends to vLLM: mbridge export_weights)"
+        from safetensors.torch import load_file
+
+        hf = {}
+        for name in os.listdir(args.model):
+            if name.endswith(".safetensors"):
+                hf.update(load_file(os.path.join(args.model, name)))
+        exported = {}
+        per_tensor, _ = engine.get_per_tensor_param()
+        for name, tensor in per_tensor:
+            exported[name] = tensor.detach().float().cpu()
+        tied = [n for n in hf if n not in exported]
+        extra = sorted(set(exported) - set(hf))
+        worst = max(((exported[n] - hf[n].float()).abs().max().item() /
+                     max(hf[n].float().abs().max().item(), 1e-12), n) for n in exported if n in hf)
+        # bf16 params against the fp32 checkpoint: a relative error within bf16's rounding (2^-8)
+        done("export", tensors=len(exported), hf_tensors=len(hf), not_exported=tied, unknown=extra,
+             worst_relative_error=round(worst[0], 6), worst_tensor=worst[1])
+        if extra or worst[0] > 2 ** -8:
+            raise AssertionError(f"exported weights differ from the checkpoint: unknown {extra}, worst {worst}")
     except BaseException as e:  # noqa: BLE001
         tb = traceback.extract_tb(e.__traceback__)
         steps.append({"stage": stage, "ok": False, "error": f"{type(e).__name__}: {e}"[:1500],

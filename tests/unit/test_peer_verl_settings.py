@@ -137,3 +137,27 @@ def test_megatron_report_ratios_phases_and_a_failed_run(tmp_path):
     md = (tmp_path / "res" / "peer_verl_megatron.md").read_text()
     assert "| weight sync (s; verl update_weights, hybridrl reshard) | 0.800 | 0.200 |" in md
     assert "verl_megatron_7b: **no timed steps**" in md and "CUDA out of memory" in md
+
+
+# ---------------------------------------------------------------------------- run.sh's command lines (DRY=1)
+import subprocess  # noqa: E402
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+@pytest.mark.parametrize("mode,expect,absent", [
+    ("verl_megatron_7b_4gpu", ["CUDA_VISIBLE_DEVICES=0\\,1\\,2\\,3", "CUDA_DEVICE_MAX_CONNECTIONS=1", "model_engine=megatron",
+                               "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2"], ["--padded"]),
+    ("ours_7b", ["CUDA_VISIBLE_DEVICES=0", "hybridrl.trainer.main_ppo", "actor_rollout_ref.actor.load_weight=false",
+                 "actor_rollout_ref.model.use_remove_padding=true"], ["model_engine"]),
+    ("ours_1p5b", ["actor_rollout_ref.model.use_remove_padding=false", "actor_rollout_ref.actor.use_dynamic_bsz=false"],
+     ["use_dynamic_bsz=true"]),  # issue 18's mode keeps its padded settings
+])
+def test_run_sh_dry_commands(tmp_path, mode, expect, absent):
+    proc = subprocess.run(["bash", "benchmarks/peer_verl/run.sh", mode], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "DRY": "1", "OUT": str(tmp_path)}, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    for e in expect:
+        assert e in proc.stdout, (e, proc.stdout)
+    for a in absent:
+        assert a not in proc.stdout
