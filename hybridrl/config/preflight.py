@@ -6,7 +6,8 @@ data column fails with the key to change instead of 30-60 s later inside a worke
     a config.json that parses, *.safetensors weights where a role reads them, tokenizer files;
   - data.max_prompt_length + data.max_response_length against the model's max_position_embeddings;
   - data files: each a file with a supported extension, its first rows holding data.prompt_key,
-    data.reward_fn_key and reward_model.ground_truth of a type the scorers take;
+    data.reward_fn_key and reward_model.ground_truth (of a type the built-in scorers take, without a custom
+    reward function); nothing when data.custom_cls names a dataset class;
   - the custom reward function: loads, and accepts the keywords its reward manager passes.
 Each problem is one line naming the key (or file) to fix; all are reported together.
 """
@@ -39,7 +40,7 @@ def check_inputs(run: Any) -> None:
     if not (custom is not None and getattr(custom, "path", None)):  # a custom dataset class reads its own files
         for key, files in (("data.train_files", cfg.data.train_files), ("data.val_files", cfg.data.val_files)):
             for path in ([files] if isinstance(files, str) else list(files or [])):
-                _data_file(key, path, cfg.data, errors)
+                _data_file(key, path, cfg.data, bool(cfg.custom_reward_function.path), errors)
     _reward_function(cfg, errors)
     if errors:
         raise ConfigError("\n  ".join(errors))
@@ -90,7 +91,8 @@ def _tokenizer_files(path: str, key: str, errors: list[str]) -> None:
     full = os.path.abspath(os.path.expanduser(path))
     if not os.path.isdir(full) or glob.glob(os.path.join(full, "*.gguf")):
         return  # a missing folder is reported once, by the model check; GGUF files carry their tokenizer
-    if not any(os.path.isfile(os.path.join(full, n)) for n in TOKENIZER_FILES):
+    if not any(os.path.isfile(os.path.join(full, n)) for n in TOKENIZER_FILES) and not glob.glob(
+            os.path.join(full, "*.tiktoken")):
         errors.append(f"{key}={full}: no tokenizer files ({', '.join(TOKENIZER_FILES[:3])}); copy them from the "
                       "original model, or point data.tokenizer at a folder that has them")
 
@@ -104,7 +106,7 @@ def _lengths(hf: dict, data: Any, errors: list[str]) -> None:
                       "lower them so that the sum fits")
 
 
-def _data_file(key: str, path: str, data: Any, errors: list[str]) -> None:
+def _data_file(key: str, path: str, data: Any, custom_reward: bool, errors: list[str]) -> None:
     from hybridrl.data.readers import SUPPORTED_EXTENSIONS
 
     full = os.path.abspath(os.path.expanduser(path))
@@ -131,15 +133,19 @@ def _data_file(key: str, path: str, data: Any, errors: list[str]) -> None:
                              "reward_model={'ground_truth': ...} per row"))
             return
     for i, row in enumerate(rows):
-        problem = _ground_truth_problem(row.get("reward_model"))
+        problem = _ground_truth_problem(row.get("reward_model"), custom_reward)
         if problem:
             errors.append(f"{key}: {full}: row {i}: {problem}")
             return
 
 
-def _ground_truth_problem(rm: Any) -> Optional[str]:
+def _ground_truth_problem(rm: Any, custom_reward: bool) -> Optional[str]:
+    """The reward managers need reward_model['ground_truth']; the built-in scorers compare it as text (a custom
+    reward function takes whatever it takes)."""
     if not isinstance(rm, dict) or "ground_truth" not in rm:
         return f"reward_model is {rm!r:.80}; expected a dict with 'ground_truth'"
+    if custom_reward:
+        return None
     gt = rm["ground_truth"]
     ok = isinstance(gt, SCALARS) or (isinstance(gt, (list, tuple)) and all(isinstance(g, SCALARS) for g in gt))
     if not ok or isinstance(gt, bool):
