@@ -83,6 +83,8 @@ _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 
 def drop_capabilities() -> str:
     """All capabilities gone and no_new_privs on (Landlock and seccomp need the latter without CAP_SYS_ADMIN)."""
+    # first, and on its own: Landlock and seccomp need it even where dropping capabilities fails
+    _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(no_new_privs)")
     last = int(open("/proc/sys/kernel/cap_last_cap").read()) if os.path.exists("/proc/sys/kernel/cap_last_cap") else 40
     if os.geteuid() == 0 or _has_setpcap():
         for cap in range(last + 1):
@@ -90,7 +92,6 @@ def drop_capabilities() -> str:
     header = struct.pack("Ii", _LINUX_CAPABILITY_VERSION_3, 0)
     data = ctypes.create_string_buffer(24)  # two {effective, permitted, inheritable} u32 triples, all zero
     _check(_libc.syscall(SYSCALLS["capset"], ctypes.c_char_p(header), data), "capset(0)")
-    _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(no_new_privs)")
     return "none left, no_new_privs"
 
 
