@@ -250,3 +250,34 @@ def test_a_refused_layer_is_logged_once_with_the_kernels_reason(caplog):
         _log_refused_layers(report)
     msgs = [r.getMessage() for r in caplog.records]
     assert len(msgs) == 1 and "landlock layer is off" in msgs[0] and "ENOSYS" in msgs[0]
+
+
+DENY_UNSHARE = textwrap.dedent("""\
+    # as a container's seccomp profile does: unshare(2) fails with EPERM for this process and its children
+    import asyncio, ctypes, logging, struct, sys
+    libc = ctypes.CDLL(None, use_errno=True)
+    rows = [(0x20, 0, 0, 0), (0x15, 0, 1, 272), (0x06, 0, 0, 0x50000 | 1), (0x06, 0, 0, 0x7FFF0000)]
+    prog = b"".join(struct.pack("HBBI", *r) for r in rows)
+    buf = ctypes.create_string_buffer(prog, len(prog))
+    assert libc.prctl(38, 1, 0, 0, 0) == 0
+    assert libc.syscall(317, 1, 0, ctypes.c_char_p(struct.pack("HxxxxxxQ", len(rows), ctypes.addressof(buf)))) == 0
+    logging.basicConfig(level=logging.WARNING, format="%(name)s %(message)s", stream=sys.stdout)
+    from hybridrl.agent.tools.sandbox import run_sandboxed
+    for _ in range(2):
+        r = asyncio.run(run_sandboxed("print(6 * 7)"))
+    print(r.stdout.strip(), sorted(k for k, v in r.layers.items() if v.startswith("REFUSED")))
+    r = asyncio.run(run_sandboxed("print(1)", required_layers=("namespaces",)))
+    print("required:", r.returncode, r.stderr.strip())
+    """)
+
+
+def test_a_layer_the_kernel_refuses_is_logged_once_and_the_others_still_hold():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", DENY_UNSHARE], capture_output=True, text=True, timeout=60).stdout
+    lines = out.strip().splitlines()
+    logged = [ln for ln in lines if ln.startswith("hybridrl.sandbox")]
+    assert len(logged) == 1 and "the namespaces layer is off" in logged[0] and "EPERM" in logged[0], out
+    assert "42 ['namespaces']" in lines, out  # the code ran, with every other layer up
+    assert "required: 3 SandboxError: required isolation layers are off on this machine: namespaces" in lines, out
