@@ -9,7 +9,12 @@ TE's FusedAdam on the GPU), scheduler and checkpoint manager, and the offload ca
 spec names its norms differently from TE's fused ones, so the weight load is expected to differ there (printed).
 
     PYTHONPATH=VERL_SITE:OUR_SITE python benchmarks/peer_verl/check_megatron_engine_cpu.py --model TINY_QWEN2_DIR \
-        [--job 1p5b] [--out FILE.json]
+        [--job 1p5b] [--forward] [--out FILE.json]
+
+Then the weights verl would send to vLLM (get_per_tensor_param) against the checkpoint, and with --forward verl's
+log-prob pass (infer_batch; padded, because the local attention has no packed path: the padded path's [batch, seq]
+mask is turned into the local attention's [batch, 1, q, k] one, and megatron's fused CUDA kernels are switched
+off) against transformers on the same weights, then one train_batch with verl's ppo_loss and KL loss.
 
 This is a CPU check only: on the GPU host the real TE path runs (run.sh stage_megatron and the runs).
 """
@@ -37,11 +42,80 @@ def _compat():
     return mod
 
 
+engine_actor_config: list = []  # the actor's typed config (ppo_loss reads it), set by main
+
+
+def forward_check(engine, model_dir: str, done) -> None:
+    """verl's log-prob pass (engine.infer_batch, as TrainingWorker.infer_batch calls it) on a padded batch,
+    against transformers' model on the same weights. Padded (BSHD) because megatron-core's local attention has no
+    packed (THD) path; the GPU runs use THD through TE."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from verl import DataProto
+    from verl.utils import tensordict_utils as tu
+    from verl.utils.model import compute_position_id_with_mask
+    from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
+
+    torch.manual_seed(1)
+    batch, seqlen, resp = 4, 24, 12
+    vocab = engine.model_config.hf_config.vocab_size
+    input_ids = torch.randint(0, vocab, (batch, seqlen))
+    attention_mask = torch.ones(batch, seqlen, dtype=torch.long)
+    for i in range(batch):  # left padding in the prompt, right padding in the response
+        attention_mask[i, : i] = 0
+        attention_mask[i, seqlen - i:] = 0 if i else 1
+    position_ids = compute_position_id_with_mask(attention_mask)
+    data = DataProto.from_single_dict(
+        {"input_ids": input_ids, "prompts": input_ids[:, :resp], "attention_mask": attention_mask,
+         "position_ids": position_ids, "responses": input_ids[:, resp:], "response_mask": attention_mask[:, resp:]},
+        meta_info={"temperature": 1.0, "global_token_num": attention_mask.sum(-1).tolist(), "compute_loss": False})
+    td = left_right_2_no_padding(data.to_tensordict())
+    engine.engine_config.use_remove_padding = False
+    tu.assign_non_tensor(td, use_remove_padding=False, use_dynamic_bsz=True, max_token_len_per_gpu=64,
+                         micro_batch_size_per_gpu=2, use_fused_kernels=False)
+    with engine.eval_mode():
+        out = engine.infer_batch(td, loss_function=None)
+    logp = no_padding_2_padding(tu.get(out["model_output"] if "model_output" in out else out, "log_probs"), td)
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+    with torch.no_grad():
+        logits = hf(input_ids, attention_mask=attention_mask, position_ids=position_ids).logits.float()
+    ref = torch.log_softmax(logits[:, resp - 1:-1], -1).gather(-1, input_ids[:, resp:, None])[..., 0]
+    mask = attention_mask[:, resp:].bool()
+    diff = (logp.float() - ref)[mask].abs()
+    done("forward (verl infer_batch, padded, dynamic bsz) vs transformers", tokens=int(mask.sum()),
+         max_abs_logprob_diff=round(diff.max().item(), 4), mean_abs=round(diff.mean().item(), 5))
+    if diff.mean().item() > 0.05:
+        raise AssertionError(f"verl's megatron log-probs differ from transformers': mean {diff.mean().item()}")
+
+    # one GRPO update through verl's train_batch with its ppo_loss (the settings' KL loss against a reference)
+    from functools import partial
+
+    from verl.workers.utils.losses import ppo_loss
+
+    data = data.union(DataProto.from_single_dict({"old_log_probs": logp.float()}))
+    data.batch["advantages"] = torch.randn(batch, seqlen - resp)
+    data.batch["ref_log_prob"] = logp.float() - 0.01
+    td = left_right_2_no_padding(data.to_tensordict())
+    tu.assign_non_tensor(td, use_remove_padding=False, use_dynamic_bsz=True, max_token_len_per_gpu=64,
+                         micro_batch_size_per_gpu=2, use_fused_kernels=False, global_batch_size=batch)
+    before = {n: p.detach().float().clone() for n, p in engine.module[0].named_parameters()}
+    with engine.train_mode():
+        out = engine.train_batch(td, loss_function=partial(ppo_loss, config=engine_actor_config[0]))
+    moved = sum(int(not torch.equal(before[n], p.detach().float())) for n, p in engine.module[0].named_parameters())
+    metrics = out.get("metrics", {}) if isinstance(out, dict) else {}
+    done("train step (verl train_batch + ppo_loss, KL loss)", params_moved=f"{moved}/{len(before)}",
+         metrics=sorted(metrics)[:12])
+    if moved == 0:
+        raise AssertionError("the update moved no parameter")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True)
     ap.add_argument("--job", default="1p5b")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--forward", action="store_true", help="also verl's log-prob pass against transformers")
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -95,6 +169,10 @@ def main(argv=None) -> int:
         import verl
 
         overrides = settings.overrides("verl_megatron", args.job, os.path.abspath(args.model), "/tmp/peer_verl_cpu")
+        if args.forward:  # megatron's fused CUDA kernels have no CPU path (hybridrl's builder turns them off too)
+            overrides += [f"+actor_rollout_ref.actor.megatron.override_transformer_config.{k}=false" for k in
+                          ("masked_softmax_fusion", "bias_activation_fusion", "bias_dropout_fusion",
+                           "apply_rope_fusion", "persist_layer_norm", "gradient_accumulation_fusion")]
         with initialize_config_dir(config_dir=os.path.join(os.path.dirname(verl.__file__), "trainer", "config"),
                                    version_base=None):
             cfg = compose(config_name="ppo_trainer", overrides=overrides)
@@ -111,6 +189,7 @@ def main(argv=None) -> int:
         model_config = omega_conf_to_dataclass(ara.model, dataclass_type=HFModelConfig)
         actor = omega_conf_to_dataclass(ara.actor)
         actor.model_config = model_config
+        engine_actor_config.append(actor)
         engine_config = actor.engine
         engine_config.use_dynamic_bsz = ara.actor.use_dynamic_bsz
         engine_config.infer_max_token_len_per_gpu = ara.rollout.log_prob_max_token_len_per_gpu
@@ -142,7 +221,10 @@ def main(argv=None) -> int:
              recompute=(getattr(engine.tf_config, "recompute_granularity", None),
                         getattr(engine.tf_config, "recompute_method", None),
                         getattr(engine.tf_config, "recompute_num_layers", None)),
-             offload=(engine.is_param_offload_enabled, engine._is_offload_optimizer))
+             offload=(engine.is_param_offload_enabled, engine._is_offload_optimizer),
+             fusions={k: getattr(engine.tf_config, k, None) for k in
+                      ("masked_softmax_fusion", "bias_activation_fusion", "bias_dropout_fusion", "apply_rope_fusion",
+                       "gradient_accumulation_fusion")})
 
         stage = "get_per_tensor_param (the weights verl sends to vLLM: mbridge export_weights)"
         from safetensors.torch import load_file
@@ -164,6 +246,33 @@ def main(argv=None) -> int:
              worst_relative_error=round(worst[0], 6), worst_tensor=worst[1])
         if extra or worst[0] > 2 ** -8:
             raise AssertionError(f"exported weights differ from the checkpoint: unknown {extra}, worst {worst}")
+
+        if args.forward:
+            stage = "forward (verl infer_batch, padded) vs transformers, then one train_batch"
+            # verl moves each micro-batch TensorDict to get_device_id() (an int: CUDA); here the CPU
+            import verl.workers.engine.megatron.transformer_impl as impl
+
+            impl.get_device_id = lambda: "cpu"
+            # verl's padded path hands the model a [batch, seq] validity mask (TE's attention takes it); megatron's
+            # local attention wants [batch, 1, q, k] with True = masked: causal plus the padded keys
+            from megatron.core.models.gpt.gpt_model import GPTModel
+
+            if not getattr(GPTModel.forward, "_peer_verl_mask", False):
+                forward = GPTModel.forward
+
+                def forward_with_local_mask(self, input_ids, position_ids, attention_mask, *a, **k):
+                    import torch
+
+                    if attention_mask is not None and attention_mask.dim() == 2:
+                        valid = attention_mask.bool()
+                        n = valid.shape[1]
+                        causal = torch.ones(n, n, dtype=torch.bool).triu(1)
+                        attention_mask = causal[None, None] | ~valid[:, None, None, :]
+                    return forward(self, input_ids, position_ids, attention_mask, *a, **k)
+
+                forward_with_local_mask._peer_verl_mask = True
+                GPTModel.forward = forward_with_local_mask
+            forward_check(engine, args.model, done)
     except BaseException as e:  # noqa: BLE001
         tb = traceback.extract_tb(e.__traceback__)
         steps.append({"stage": stage, "ok": False, "error": f"{type(e).__name__}: {e}"[:1500],
