@@ -110,11 +110,10 @@ def build_check() -> dict:
         folder = tempfile.mkdtemp()
         Qwen2Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True).save_pretrained(folder)
-        from transformers import AutoConfig
-
         # mbridge reads the parallel sizes from megatron's state: one gloo process, tp = pp = 1
         import torch.distributed as dist
         from megatron.core import parallel_state as mpu
+        from transformers import AutoConfig
 
         if not dist.is_initialized():
             dist.init_process_group("gloo", init_method="tcp://127.0.0.1:29517", rank=0, world_size=1)

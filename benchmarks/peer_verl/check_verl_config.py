@@ -48,11 +48,10 @@ def select(cfg, key):
 
 
 def check(trainer: str, job: str, model: str, gpu_gib: float) -> dict:
+    import verl
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
-
-    import verl
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import omega_conf_to_dataclass, validate_config
 

@@ -1,22 +1,22 @@
-"""verl 0.9.1's Megatron engine, initialized on CPU as far as it goes without transformer-engine: the same
-MegatronEngineWithLMHead verl's actor worker builds from settings.py's verl_megatron overrides (composed through
-verl's Hydra config), on one gloo process, with megatron-core made CPU-capable by hybridrl's adapters/megatron/
-compat.py (loaded as a file: no hybridrl import) and mbridge's layer spec swapped for megatron-core's local one
-(TE's needs CUDA). What this exercises of verl + mbridge 0.15.1 + megatron-core 0.16.1: parallel-state init with
-verl's arguments, mbridge's TransformerConfig with verl's overrides, the GPTModel build and DDP wrap of mbridge's
-get_model, mbridge's HF weight loading, verl's optimizer (megatron's distributed optimizer over torch Adam here:
-TE's FusedAdam on the GPU), scheduler and checkpoint manager, and the offload calls of the settings. The local
-spec names its norms differently from TE's fused ones, so the weight load is expected to differ there (printed).
+"""verl 0.9.1's Megatron engine on one process: the same MegatronEngineWithLMHead verl's actor worker builds from
+settings.py's verl_megatron overrides (composed through verl's Hydra config), then the weights it would send to
+vLLM (get_per_tensor_param: mbridge's export_weights) against the checkpoint, and with --forward its log-prob pass
+(infer_batch) against transformers on the same weights and one train_batch with verl's ppo_loss + KL loss.
 
-    PYTHONPATH=VERL_SITE:OUR_SITE python benchmarks/peer_verl/check_megatron_engine_cpu.py --model TINY_QWEN2_DIR \
-        [--job 1p5b] [--forward] [--out FILE.json]
+    PYTHONPATH=VERL_SITE:OUR_SITE python benchmarks/peer_verl/check_megatron_engine.py --model TINY_QWEN2_DIR \
+        [--device cpu|cuda] [--job 1p5b|7b] [--forward] [--out FILE.json]
 
-Then the weights verl would send to vLLM (get_per_tensor_param) against the checkpoint, and with --forward verl's
-log-prob pass (infer_batch; padded, because the local attention has no packed path: the padded path's [batch, seq]
-mask is turned into the local attention's [batch, 1, q, k] one, and megatron's fused CUDA kernels are switched
-off) against transformers on the same weights, then one train_batch with verl's ppo_loss and KL loss.
-
-This is a CPU check only: on the GPU host the real TE path runs (run.sh stage_megatron and the runs).
+--device cuda (run.sh stage_megatron, GPU 0): the real path, no stand-ins: nccl, transformer-engine's layers,
+packed THD batches through TE's fused attention. Its FAIL line is the exact reason when verl's Megatron backend
+cannot run on the host.
+--device cpu (this machine): one gloo process, megatron-core made CPU-capable by hybridrl's adapters/megatron/
+compat.py (loaded as a file: no hybridrl import), and these stand-ins for what needs CUDA: megatron-core's local
+layer spec in mbridge's place (TE's needs CUDA) with its separate norms named for mbridge's loader, padded batches
+(the local attention has no packed path) with verl's [batch, seq] mask made into the local attention's
+[batch, 1, q, k] one, megatron's fused CUDA kernels off. What it still exercises of verl + mbridge 0.15.1 +
+megatron-core 0.16.1: parallel-state init with verl's arguments, mbridge's TransformerConfig with verl's
+overrides, mbridge's GPTModel build and DDP wrap, its HF weight load and export, verl's distributed optimizer,
+scheduler, checkpoint manager, offloads, micro-batches by tokens, log-probs and its PPO update.
 """
 from __future__ import annotations
 
@@ -42,16 +42,51 @@ def _compat():
     return mod
 
 
+def run_cpu_stand_ins(done) -> None:
+    """megatron-core on CPU (hybridrl's compat), and megatron-core's local layer spec in mbridge's place."""
+    compat = _compat()
+    compat.apply(force_cpu=True)
+    compat.without_transformer_engine()
+    _STATE["compat"] = compat
+    import torch
+
+    # verl logs GPU memory around its offloads (torch.cuda.memory_*): zeros on CPU
+    for fn in ("memory_allocated", "memory_reserved", "max_memory_allocated", "max_memory_reserved"):
+        setattr(torch.cuda, fn, lambda *a, **k: 0)
+    torch.cuda.mem_get_info = lambda *a, **k: (0, 0)
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    done("gloo process group, megatron-core on CPU (hybridrl compat)")
+
+    # the local layer spec for mbridge
+    import mbridge.core.llm_bridge as llm_bridge
+    from megatron.core.models.gpt import gpt_layer_specs
+
+    def local_spec(config, use_transformer_engine=True, **kw):  # noqa: ARG001  (TE's needs CUDA)
+        return gpt_layer_specs.get_gpt_decoder_block_spec(config, use_transformer_engine=False, **kw)
+
+    llm_bridge.get_gpt_decoder_block_spec = local_spec
+    # ...and the local spec's separate norms named for mbridge's loader (TE fuses them into the next linear:
+    # linear_qkv.layer_norm_weight, linear_fc1.layer_norm_weight); the HF names are mbridge's own
+    from mbridge.models.qwen2 import Qwen2Bridge
+
+    Qwen2Bridge._OTHER_MAPPING = {**getattr(Qwen2Bridge, "_OTHER_MAPPING", {}),
+                                  "input_layernorm.weight": ["model.layers.{layer_number}.input_layernorm.weight"]}
+    Qwen2Bridge._MLP_MAPPING = {**Qwen2Bridge._MLP_MAPPING, "pre_mlp_layernorm.weight":
+                                ["model.layers.{layer_number}.post_attention_layernorm.weight"]}
+
+
+_STATE: dict = {}
 engine_actor_config: list = []  # the actor's typed config (ppo_loss reads it), set by main
 
 
-def forward_check(engine, model_dir: str, done) -> None:
+def forward_check(engine, model_dir: str, done, packed: bool = False) -> None:
     """verl's log-prob pass (engine.infer_batch, as TrainingWorker.infer_batch calls it) on a padded batch,
     against transformers' model on the same weights. Padded (BSHD) because megatron-core's local attention has no
     packed (THD) path; the GPU runs use THD through TE."""
     import torch
     from transformers import AutoModelForCausalLM
-
     from verl import DataProto
     from verl.utils import tensordict_utils as tu
     from verl.utils.model import compute_position_id_with_mask
@@ -71,19 +106,20 @@ def forward_check(engine, model_dir: str, done) -> None:
          "position_ids": position_ids, "responses": input_ids[:, resp:], "response_mask": attention_mask[:, resp:]},
         meta_info={"temperature": 1.0, "global_token_num": attention_mask.sum(-1).tolist(), "compute_loss": False})
     td = left_right_2_no_padding(data.to_tensordict())
-    engine.engine_config.use_remove_padding = False
-    tu.assign_non_tensor(td, use_remove_padding=False, use_dynamic_bsz=True, max_token_len_per_gpu=64,
+    engine.engine_config.use_remove_padding = packed
+    tu.assign_non_tensor(td, use_remove_padding=packed, use_dynamic_bsz=True, max_token_len_per_gpu=64,
                          micro_batch_size_per_gpu=2, use_fused_kernels=False)
     with engine.eval_mode():
         out = engine.infer_batch(td, loss_function=None)
-    logp = no_padding_2_padding(tu.get(out["model_output"] if "model_output" in out else out, "log_probs"), td)
+    logp = no_padding_2_padding(tu.get(out["model_output"] if "model_output" in out else out, "log_probs"), td).cpu()
     hf = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
     with torch.no_grad():
         logits = hf(input_ids, attention_mask=attention_mask, position_ids=position_ids).logits.float()
     ref = torch.log_softmax(logits[:, resp - 1:-1], -1).gather(-1, input_ids[:, resp:, None])[..., 0]
     mask = attention_mask[:, resp:].bool()
     diff = (logp.float() - ref)[mask].abs()
-    done("forward (verl infer_batch, padded, dynamic bsz) vs transformers", tokens=int(mask.sum()),
+    done(f"forward (verl infer_batch, {'packed THD' if packed else 'padded'}, dynamic bsz) vs transformers",
+         tokens=int(mask.sum()),
          max_abs_logprob_diff=round(diff.max().item(), 4), mean_abs=round(diff.mean().item(), 5))
     if diff.mean().item() > 0.05:
         raise AssertionError(f"verl's megatron log-probs differ from transformers': mean {diff.mean().item()}")
@@ -97,7 +133,7 @@ def forward_check(engine, model_dir: str, done) -> None:
     data.batch["advantages"] = torch.randn(batch, seqlen - resp)
     data.batch["ref_log_prob"] = logp.float() - 0.01
     td = left_right_2_no_padding(data.to_tensordict())
-    tu.assign_non_tensor(td, use_remove_padding=False, use_dynamic_bsz=True, max_token_len_per_gpu=64,
+    tu.assign_non_tensor(td, use_remove_padding=packed, use_dynamic_bsz=True, max_token_len_per_gpu=64,
                          micro_batch_size_per_gpu=2, use_fused_kernels=False, global_batch_size=batch)
     before = {n: p.detach().float().clone() for n, p in engine.module[0].named_parameters()}
     with engine.train_mode():
@@ -116,6 +152,8 @@ def main(argv=None) -> int:
     ap.add_argument("--job", default="1p5b")
     ap.add_argument("--out", default=None)
     ap.add_argument("--forward", action="store_true", help="also verl's log-prob pass against transformers")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="cuda: the real path on one GPU (TE layers, packed THD batches, nccl), no stand-ins")
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -130,46 +168,24 @@ def main(argv=None) -> int:
         steps.append({"stage": name, "ok": True, **info})
         print(f"ok   {name}" + (f": {info}" if info else ""), flush=True)
 
+    cpu = args.device == "cpu"
     try:
-        compat = _compat()
-        compat.apply(force_cpu=True)
-        compat.without_transformer_engine()
-        import torch
+        if cpu:
+            run_cpu_stand_ins(done)
+        else:
+            import torch
+            import torch.distributed as dist
 
-        # verl logs GPU memory around its offloads (torch.cuda.memory_*): zeros on CPU
-        for fn in ("memory_allocated", "memory_reserved", "max_memory_allocated", "max_memory_reserved"):
-            setattr(torch.cuda, fn, lambda *a, **k: 0)
-        torch.cuda.mem_get_info = lambda *a, **k: (0, 0)
-        import torch.distributed as dist
-
-        dist.init_process_group("gloo", rank=0, world_size=1)
-        done("gloo process group, megatron-core on CPU (hybridrl compat)")
-
-        stage = "local layer spec for mbridge"
-        import mbridge.core.llm_bridge as llm_bridge
-        from megatron.core.models.gpt import gpt_layer_specs
-
-        def local_spec(config, use_transformer_engine=True, **kw):  # noqa: ARG001  (TE's needs CUDA)
-            return gpt_layer_specs.get_gpt_decoder_block_spec(config, use_transformer_engine=False, **kw)
-
-        llm_bridge.get_gpt_decoder_block_spec = local_spec
-        # ...and the local spec's separate norms named for mbridge's loader (TE fuses them into the next linear:
-        # linear_qkv.layer_norm_weight, linear_fc1.layer_norm_weight); the HF names are mbridge's own
-        from mbridge.models.qwen2 import Qwen2Bridge
-
-        Qwen2Bridge._OTHER_MAPPING = {**getattr(Qwen2Bridge, "_OTHER_MAPPING", {}),
-                                      "input_layernorm.weight": ["model.layers.{layer_number}.input_layernorm.weight"]}
-        Qwen2Bridge._MLP_MAPPING = {**Qwen2Bridge._MLP_MAPPING, "pre_mlp_layernorm.weight":
-                                    ["model.layers.{layer_number}.post_attention_layernorm.weight"]}
-
+            torch.cuda.set_device(0)
+            dist.init_process_group("nccl", rank=0, world_size=1)
+            done("nccl process group on GPU 0", device=torch.cuda.get_device_name(0))
         stage = "compose verl's config"
+        import verl
         from hydra import compose, initialize_config_dir
         from omegaconf import OmegaConf
 
-        import verl
-
         overrides = settings.overrides("verl_megatron", args.job, os.path.abspath(args.model), "/tmp/peer_verl_cpu")
-        if args.forward:  # megatron's fused CUDA kernels have no CPU path (hybridrl's builder turns them off too)
+        if args.forward and cpu:  # megatron's fused CUDA kernels have no CPU path (hybridrl's builder turns them off too)
             overrides += [f"+actor_rollout_ref.actor.megatron.override_transformer_config.{k}=false" for k in
                           ("masked_softmax_fusion", "bias_activation_fusion", "bias_dropout_fusion",
                            "apply_rope_fusion", "persist_layer_norm", "gradient_accumulation_fusion")]
@@ -207,9 +223,10 @@ def main(argv=None) -> int:
         engine = EngineRegistry.new(model_type="language_model", backend=engine_config.strategy,
                                     model_config=model_config, engine_config=engine_config,
                                     optimizer_config=actor.optim, checkpoint_config=actor.checkpoint)
-        compat.install_memory_buffer()
-        # verl's set_random_seed seeded megatron's CUDA RNG tracker; the CPU one gets the same seed
-        compat.model_parallel_seed(engine_config.seed)
+        if cpu:
+            _STATE["compat"].install_memory_buffer()
+            # verl's set_random_seed seeded megatron's CUDA RNG tracker; the CPU one gets the same seed
+            _STATE["compat"].model_parallel_seed(engine_config.seed)
         done("engine constructed", cls=type(engine).__name__)
 
         stage = "engine.initialize (tf config, mbridge model + DDP, weight load, optimizer, checkpoint manager)"
@@ -247,7 +264,10 @@ def main(argv=None) -> int:
         if extra or worst[0] > 2 ** -8:
             raise AssertionError(f"exported weights differ from the checkpoint: unknown {extra}, worst {worst}")
 
-        if args.forward:
+        if args.forward and not cpu:
+            stage = "forward (verl infer_batch, packed THD through TE) vs transformers, then one train_batch"
+            forward_check(engine, args.model, done, packed=True)
+        elif args.forward:
             stage = "forward (verl infer_batch, padded) vs transformers, then one train_batch"
             # verl moves each micro-batch TensorDict to get_device_id() (an int: CUDA); here the CPU
             import verl.workers.engine.megatron.transformer_impl as impl
