@@ -178,6 +178,9 @@ print('verl:', verl.__version__, 'torch', torch.__version__, 'transformers', tra
     gpus=$(python3 "$HERE/settings.py" "$trainer" "$job" --model x --out x --gpus)
     have=$(nvidia-smi -L 2>/dev/null | wc -l)
     [ "$have" -ge "$gpus" ] || [ -n "${DRY:-}" ] || { echo "$MODE needs $gpus GPUs, this machine has $have"; exit 1; }
+    # the one-GPU 7B job holds 137 GB of training state: an H200 only (`hybridrl plan` refuses it on 80 GB)
+    if [ "$job" = 7b ] && [ "${GIB:-0}" -lt 100 ] && [ -z "${DRY:-}" ]; then
+      echo "$MODE needs an H200 (this GPU: ${GIB:-?} GiB): the one-GPU 7B job does not fit 80 GB"; exit 1; fi
     name=$MODE
     if [ "$MODE" = ours_best_smol_seed ]; then
       name="ours_best_smol_seed${SEED:?set SEED}"; OURS_ARGS="data.seed=$SEED ${OURS_ARGS:-}"
