@@ -146,12 +146,32 @@ def forward_check(engine, model_dir: str, done, packed: bool = False) -> None:
         raise AssertionError("the update moved no parameter")
 
 
+def make_model(folder: str, tokenizer_dir: str) -> None:
+    import shutil
+
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    os.makedirs(folder, exist_ok=True)
+    for name in os.listdir(tokenizer_dir):
+        if name.startswith(("tokenizer", "special_tokens", "chat_template", "vocab", "merges")):
+            shutil.copy(os.path.join(tokenizer_dir, name), folder)
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True,
+                      max_position_embeddings=1024)
+    Qwen2ForCausalLM(cfg).save_pretrained(folder)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True)
     ap.add_argument("--job", default="1p5b")
     ap.add_argument("--out", default=None)
     ap.add_argument("--forward", action="store_true", help="also verl's log-prob pass against transformers")
+    ap.add_argument("--make-model", metavar="TOKENIZER_DIR", default=None,
+                    help="first write --model: a 2-layer random Qwen2 with head_dim 128 (the real shapes' head size, "
+                         "which TE's fused attention is known to take) and TOKENIZER_DIR's tokenizer")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                     help="cuda: the real path on one GPU (TE layers, packed THD batches, nccl), no stand-ins")
     args = ap.parse_args(argv)
@@ -169,6 +189,8 @@ def main(argv=None) -> int:
         print(f"ok   {name}" + (f": {info}" if info else ""), flush=True)
 
     cpu = args.device == "cpu"
+    if args.make_model:
+        make_model(args.model, args.make_model)
     try:
         if cpu:
             run_cpu_stand_ins(done)
