@@ -313,6 +313,8 @@ def overrides(trainer: str, job: str, model: str, out: str, steps: int | None = 
     if job not in JOBS:
         raise ValueError(f"job={job!r}: expected one of {sorted(JOBS)}")
     merged = {**SHARED, **JOBS[job]}
+    if padded:  # issue 18's command lines exactly: no token budget (unused with fixed micro-batches)
+        merged.pop("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", None)
     if steps is not None:
         merged["trainer.total_training_steps"] = steps
         if merged["trainer.test_freq"] != -1:
