@@ -3,13 +3,13 @@
 The test process builds a tiny Qwen2 (GQA, qkv bias, tied embeddings) and a peft LoRA adapter on all seven
 linear modules with random non-zero A and B, and computes with transformers + peft (no megatron): log-probs
 with the adapter and without it, and the adapters' gradients of L = sum w * log-prob. Three torchrun launches
-(tp=1, tp=2, pp=2; lora_run.py) load the adapter through lora_adapter_path and check against those references:
+(tp=1, tp=2, pp=2 x vpp=2; lora_run.py) load the adapter through lora_adapter_path and check against those references:
   * the forward equals peft's (padded and packed micro-batches); the actor with its adapters off (the reference
     policy) equals the base; a fresh adapter (PEFT's init, B = 0) equals the base;
   * gradients reach the adapters only and equal peft's (also under full activation recompute, where the frozen
     embedding's output must be marked as needing grad); the optimizer holds exactly the adapters' elements;
     an update leaves the base bitwise unchanged;
-  * tp=2 and pp=2 equal tp=1: two updates' metrics and the log-probs after the first; both load tp=1's
+  * tp=2 and pp=2 x vpp=2 (interleaved schedule, one layer a chunk) equal tp=1: two updates' metrics and the log-probs after the first; both load tp=1's
     checkpoint (adapters and distributed optimizer state, keyed by PEFT name) and give tp=1's log-probs and
     second update;
   * export round-trips through transformers + peft: the adapter written by write_peft_adapter, and the model
@@ -84,14 +84,14 @@ def runs(tmp_path_factory):
     ckpt, export = str(root / "ckpt_tp1"), str(root / "export_tp1")
     out = {}
     layouts = {"tp1": (1, ["--save-ckpt", ckpt, "--export", export]), "tp2": (2, ["--resume-ckpt", ckpt]),
-               "pp2": (2, ["--resume-ckpt", ckpt, "--pp", "2"])}
+               "pp2_vpp2": (2, ["--resume-ckpt", ckpt, "--pp", "2", "--vpp", "2"])}
     for name, (nproc, extra) in layouts.items():
         launch.torchrun("lora_run.py", nproc, ["--models", models, "--out", str(root / name), *extra], LAUNCH_TIMEOUT)
         out[name] = launch.rank_results(str(root / name))
     return {"models": models, "ckpt": ckpt, "export": export, "root": root, **out}
 
 
-@pytest.mark.parametrize("layout", ["tp1", "tp2", "pp2"])
+@pytest.mark.parametrize("layout", ["tp1", "tp2", "pp2_vpp2"])
 def test_forward_equals_peft_and_adapters_off_equal_the_base(runs, layout):
     for r in runs[layout]:
         assert r["peft_diff"] < TOL, r["peft_diff"]
@@ -100,14 +100,14 @@ def test_forward_equals_peft_and_adapters_off_equal_the_base(runs, layout):
         assert r["fresh_vs_base"] < TOL, r["fresh_vs_base"]
 
 
-@pytest.mark.parametrize("layout", ["tp1", "tp2", "pp2"])
+@pytest.mark.parametrize("layout", ["tp1", "tp2", "pp2_vpp2"])
 def test_gradients_reach_the_adapters_only_and_equal_pefts(runs, layout):
     for r in runs[layout]:
         assert r["grad_rel_diff"] < GRAD_TOL, r["grad_rel_diff"]
         assert r["recompute_grad_rel_diff"] < GRAD_TOL, r["recompute_grad_rel_diff"]  # also under full recompute
         assert r["base_with_grad"] == []
         # 4 layers x 7 modules x (A, B), pp2: half the layers per stage; each was read from the PEFT file
-        assert r["adapter_entries"] == 4 * 7 * 2 // (2 if layout == "pp2" else 1)
+        assert r["adapter_entries"] == 4 * 7 * 2 // (2 if layout == "pp2_vpp2" else 1)
         assert r["optimizer_numel"] == r["adapter_numel"] > 0
         assert r["base_unchanged"]
 
@@ -118,7 +118,7 @@ def _same_update(want: dict, got: dict) -> None:
         assert abs(a - b) <= REL_TOL * max(abs(a), 1e-8), (key, a, b)
 
 
-@pytest.mark.parametrize("layout", ["tp2", "pp2"])
+@pytest.mark.parametrize("layout", ["tp2", "pp2_vpp2"])
 def test_tp2_and_pp2_equal_tp1_and_resume_its_checkpoint(runs, layout):
     one = runs["tp1"][0]
     for r in runs[layout]:

@@ -1,6 +1,6 @@
 """One torchrun launch of the LoRA checks in one layout (tp = world size / pp); writes rank<N>.json.
 
-    python -m torch.distributed.run --nproc_per_node=N --standalone lora_run.py --models DIR --out DIR [--pp P]
+    python -m torch.distributed.run --nproc_per_node=N --standalone lora_run.py --models DIR --out DIR [--pp P --vpp V]
         [--save-ckpt DIR] [--export DIR] [--resume-ckpt DIR]
 
 With the PEFT adapter the test saved (models/adapter, random non-zero A and B) loaded through lora_adapter_path:
@@ -60,7 +60,7 @@ def check_grads(actor, refs, layout) -> dict:
     from hybridrl.adapters.megatron.mapping import hf_to_shard
 
     batch, weights = refs["batch"], refs["weights"]
-    mbs = actor._micro_batches(DataProto.from_dict(batch), [], 4, None)
+    mbs = actor._micro_batches(DataProto.from_dict(batch), [], 2, None)  # 4: the interleaved schedule hangs at 2
 
     def loss_fn(logits, mb):
         logp = response_log_probs(logits, mb, tiny.VOCAB, refs["temperature"], with_entropy=False).log_probs
@@ -70,7 +70,8 @@ def check_grads(actor, refs, layout) -> dict:
     for c in engine.chunks:
         c.zero_grad_buffer()
     engine.run(mbs, loss_fn, forward_only=False)
-    params = dict(engine.module().named_parameters())
+    chunks = [dict(engine.module(i).named_parameters()) for i in range(len(engine.chunks))]
+    params = {(i, n): p for i, c in enumerate(chunks) for n, p in c.items()}
     grads = refs["grads"]
 
     def read(name, rows=None, cols=None):
@@ -82,9 +83,9 @@ def check_grads(actor, refs, layout) -> dict:
     tp_rank = ps.get_tensor_model_parallel_rank()
     for entry in actor._lora_entries:
         want = hf_to_shard(entry, read, actor.arch, tp_rank, layout.tp)
-        worst = max(worst, float((params[entry.mcore].main_grad - want).abs().max()) / scale)
+        worst = max(worst, float((params[entry.vp_stage, entry.mcore].main_grad - want).abs().max()) / scale)
     adapters = {id(p) for p in adapter_params(engine.chunks)}
-    base_with_grad = [n for n, p in params.items() if id(p) not in adapters
+    base_with_grad = [n for (_, n), p in params.items() if id(p) not in adapters
                       and (p.requires_grad or p.grad is not None or getattr(p, "main_grad", None) is not None)]
     optimizer_numel = sum(p.numel() for p in engine.optimizer.get_parameters())
     return {"grad_rel_diff": worst, "base_with_grad": base_with_grad, "optimizer_numel": optimizer_numel,
@@ -96,7 +97,8 @@ def base_checksum(actor) -> float:
     from hybridrl.adapters.megatron.lora import adapter_params
 
     adapters = {id(p) for p in adapter_params(actor.engine.chunks)}
-    return sum(float(p.double().abs().sum()) for p in actor.engine.module().parameters() if id(p) not in adapters)
+    return sum(float(p.double().abs().sum()) for c in actor.engine.chunks for p in c.parameters()
+               if id(p) not in adapters)
 
 
 def run(args, layout) -> dict:
@@ -150,11 +152,12 @@ def main() -> None:
     p.add_argument("--export", default=None)
     p.add_argument("--resume-ckpt", default=None)
     p.add_argument("--pp", type=int, default=1)
+    p.add_argument("--vpp", type=int, default=None)
     args = p.parse_args()
     parallel.ensure_process_group(timeout_s=300)
     world = dist.get_world_size()
-    args.tp, args.vpp, args.sp, args.ep = world // args.pp, None, False, 1
-    layout = parallel.layout_for(world, tp=args.tp, pp=args.pp)
+    args.tp, args.sp, args.ep = world // args.pp, False, 1
+    layout = parallel.layout_for(world, tp=args.tp, pp=args.pp, vpp=args.vpp)
     parallel.init_megatron(layout, seed=7)
     finish(args.out, {"rank": dist.get_rank(), **run(args, layout)})
 
