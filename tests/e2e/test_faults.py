@@ -126,6 +126,13 @@ class Trainer:
         except subprocess.TimeoutExpired:
             raise AssertionError(f"{self.name} still running after {timeout} s\n{self.tail()}") from None
 
+    def wait_for_output(self, text: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in self.output:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{self.name}: no {text!r} in its output after {timeout} s\n{self.tail()}")
+            time.sleep(0.2)
+
     def wait_for_file(self, path: str, timeout: float = RUN_TIMEOUT_S) -> None:
         deadline = time.monotonic() + timeout
         while not os.path.exists(path):
@@ -263,8 +270,10 @@ def test_trainer_kill9_worker_kill9_sigterm_mid_save_then_resume_matches_referen
     2. the auto-resumed restart (from step 2) loses Ray worker rank 1 just before its first actor update
        (step 3): the trainer must exit non-zero within 60 s naming the dead rank and role, and leave no process
        behind;
-    3. the next restart gets SIGTERM while it writes step 4's checkpoint (actor part saved, trainer state not
-       yet): it must exit non-zero quickly, the marker must still say 2 and step 4 must not look complete;
+    3. the next restart gets SIGTERM twice while it writes step 4's checkpoint (actor part saved, trainer state not
+       yet; the first signal asks for the step to finish and be saved, the second stops at once, as the first
+       one's message says): it must exit non-zero quickly, the marker must still say 2 and step 4 must not look
+       complete;
     4. a last restart, carrying a secret, resumes from step 2 again and reproduces the reference's steps 3
        and 4; the secret is nowhere in the run's files or output."""
     out = tmp_path / "ckpt"
@@ -302,6 +311,10 @@ def test_trainer_kill9_worker_kill9_sigterm_mid_save_then_resume_matches_referen
         t.wait_for_file(saving)  # step 4's actor part is on disk; trainer_state.json is being written
         assert marker(out) == "2"
         start = time.monotonic()
+        os.killpg(t.proc.pid, signal.SIGTERM)
+        # the group's signal also reaches Ray's own processes, so the save cannot finish: a second one stops at once
+        # (a single one would wait for trainer.stop_grace_s)
+        t.wait_for_output("SIGTERM received", 20)
         os.killpg(t.proc.pid, signal.SIGTERM)
         rc = t.wait(60)
         took = time.monotonic() - start
