@@ -25,6 +25,24 @@ TRAINERS = ("ours", "verl", "verl_megatron")
 ARA = "actor_rollout_ref"
 
 # GRPO, identical on both sides. Batch sizes count prompts (mini) or samples (micro), as in verl.
+# What the 7B jobs share (the 1-GPU and the 4-GPU one differ in layout, token budget and steps)
+SEVEN_B: dict[str, object] = {
+    "data.train_files": "[{model}/data/train.parquet]",
+    "data.val_files": "[{model}/data/test.parquet]",
+    "data.max_prompt_length": 64,
+    "data.max_response_length": 256,
+    "data.train_batch_size": 16,
+    "actor_rollout_ref.rollout.n": 8,
+    "actor_rollout_ref.actor.ppo_mini_batch_size": 16,
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4,
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 8,
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 8,
+    "actor_rollout_ref.rollout.ignore_eos": True,
+    "actor_rollout_ref.actor.use_kl_loss": False,
+    "trainer.val_before_train": False,
+    "trainer.test_freq": -1,
+}
+
 JOBS: dict[str, dict] = {
     # SmolLM2-135M-Instruct + gsm_symbolic, as configs/grpo_smollm2_gsm8k.yaml (the train score plateaus by step
     # ~20 there: benchmarks/results/grpo_smollm2_metrics.jsonl), validation before and after.
@@ -73,48 +91,22 @@ JOBS: dict[str, dict] = {
     # 8 samples x 256 tokens, no KL loss (so no reference model on either side; the host's memory is short at 7B).
     # One GPU: 7.6B x 18 bytes of training state (137 GB) fits only an H200, with offloads and recompute (side()).
     "7b": {
-        "data.train_files": "[{model}/data/train.parquet]",
-        "data.val_files": "[{model}/data/test.parquet]",
-        "data.max_prompt_length": 64,
-        "data.max_response_length": 256,
-        "data.train_batch_size": 16,
-        "actor_rollout_ref.rollout.n": 8,
-        "actor_rollout_ref.actor.ppo_mini_batch_size": 16,
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4,
-        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 8,
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 8,
-        "actor_rollout_ref.rollout.ignore_eos": True,
-        "actor_rollout_ref.actor.use_kl_loss": False,
+        **SEVEN_B,
         # megatron_scale's one-GPU 7B budget (4096 tokens a micro-batch, with recompute)
         "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 4096,
         "actor_rollout_ref.rollout.tensor_model_parallel_size": 1,
         "trainer.n_gpus_per_node": 1,
         # verl moves 91 GB of optimizer state each way every step here: 4 steps (3 timed) fit one device call
         "trainer.total_training_steps": 4,
-        "trainer.val_before_train": False,
-        "trainer.test_freq": -1,
     },
     # The same 7B job on 4 GPUs: tp2 x dp2 training, vLLM tp2 x dp2 (two replicas) on both sides (the layout's keys
     # differ by trainer: side()); four_gpu.py's 7b_tp2dp2 row's 8192-token budget (half the state a GPU, no recompute).
     "7b_4gpu": {
-        "data.train_files": "[{model}/data/train.parquet]",
-        "data.val_files": "[{model}/data/test.parquet]",
-        "data.max_prompt_length": 64,
-        "data.max_response_length": 256,
-        "data.train_batch_size": 16,
-        "actor_rollout_ref.rollout.n": 8,
-        "actor_rollout_ref.actor.ppo_mini_batch_size": 16,
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4,
-        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 8,
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 8,
-        "actor_rollout_ref.rollout.ignore_eos": True,
-        "actor_rollout_ref.actor.use_kl_loss": False,
+        **SEVEN_B,
         "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 8192,
         "actor_rollout_ref.rollout.tensor_model_parallel_size": 2,
         "trainer.n_gpus_per_node": 4,
         "trainer.total_training_steps": 5,
-        "trainer.val_before_train": False,
-        "trainer.test_freq": -1,
     },
 }
 # the GPUs each job runs on (run.sh and report.py read it)
