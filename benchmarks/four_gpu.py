@@ -21,7 +21,6 @@ import datetime
 import json
 import math
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -280,11 +279,6 @@ def steps_of(folder: str) -> list[dict[str, Any]]:
     return scale_report.read_steps(path)[1:] if os.path.exists(path) else []
 
 
-def median_of(rows: list[dict[str, Any]], key: str) -> Optional[float]:
-    values = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
-    return statistics.median(values) if values else None
-
-
 def spread(rows: list[dict[str, Any]], key: str) -> Optional[list[float]]:
     values = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
     return [min(values), max(values)] if values else None
@@ -308,11 +302,11 @@ def summarize_run(folder: str, bandwidth: dict[int, dict[str, float]]) -> dict[s
                   "logprob_gap_mean": "rollout_vs_actor/logprob_abs_diff_mean",
                   "sync_bytes_per_gpu": "reshard/bytes", "sync_direct_bytes": "reshard/direct_bytes"}
     for out, key in extra_keys.items():
-        run[out] = median_of(rows, key)
+        run[out] = scale_report.median_of(rows, key)
     for out, key in (("step_s_spread", "timing_s/step"), ("tokens_per_s_per_gpu_spread", "perf/throughput")):
         run[out] = spread(rows, key)
     run["sync_check_max_rel_diff"] = max((r.get("sync_check/max_rel_diff", 0.0) for r in rows), default=None)
-    run["sync_checked_tensors"] = median_of(rows, "sync_check/tensors_checked")
+    run["sync_checked_tensors"] = scale_report.median_of(rows, "sync_check/tensors_checked")
     ag = bandwidth.get(run.get("gpus", 1))
     if ag and run.get("params") and run.get("sync_s"):
         model_bytes = 2 * run["params"]  # bf16

@@ -61,7 +61,7 @@ def read_steps(path: str) -> list[dict[str, Any]]:
     return [by_step[k] for k in sorted(by_step)]
 
 
-def _median(rows: list[dict[str, Any]], key: str) -> Optional[float]:
+def median_of(rows: list[dict[str, Any]], key: str) -> Optional[float]:
     values = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
     return statistics.median(values) if values else None
 
@@ -87,16 +87,16 @@ def summarize(steps: list[dict[str, Any]], plan: dict[str, Any]) -> dict[str, An
         step = [r["timing_s/step"] for r in timed]
         out.update(step_s_median=statistics.median(step), step_s_min=min(step), step_s_max=max(step))
         for phase in STEP_PHASES:
-            out[f"{phase}_s"] = _median(timed, f"timing_s/{phase}")
+            out[f"{phase}_s"] = median_of(timed, f"timing_s/{phase}")
         # the median of each step's remainder, not a difference of medians (those need not add up)
         out["other_s"] = statistics.median(
             r["timing_s/step"] - sum(r.get(f"timing_s/{p}", 0.0) for p in STEP_PHASES) for r in timed)
         for phase in GEN_PHASES:
-            out[f"gen_{phase}_s"] = _median(timed, f"timing_s/{phase}")
-        out["tokens_per_s_per_gpu"] = _median(timed, "perf/throughput")
-        out["mfu_actor"] = _median(timed, "perf/mfu/actor")
+            out[f"gen_{phase}_s"] = median_of(timed, f"timing_s/{phase}")
+        out["tokens_per_s_per_gpu"] = median_of(timed, "perf/throughput")
+        out["mfu_actor"] = median_of(timed, "perf/mfu/actor")
     out["startup_s"] = steps[0].get("timing_s/startup")
-    out["response_length_mean"] = _median(steps, "response_length/mean")
+    out["response_length_mean"] = median_of(steps, "response_length/mean")
     out["train_peak_bytes"] = _max(steps, "memory/train_peak_bytes")
     out["rollout_peak_bytes"] = _max(steps, "memory/rollout_used_bytes")
     out["ref_peak_bytes"] = _max(steps, "memory/ref_peak_bytes")  # absent in runs before this metric

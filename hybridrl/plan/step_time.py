@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 from hybridrl.config import RunConfig
 
@@ -121,7 +120,3 @@ def gpu_named(name: str) -> GPU:
         if key in name.upper():
             return GPUS[key]
     raise ValueError(f"no step-time figures for GPU {name!r}; one of: {', '.join(GPUS)}")
-
-
-def describe(seconds: dict[str, Any]) -> str:
-    return ", ".join(f"{k} {v:.2f}" for k, v in seconds.items() if k != "step")
