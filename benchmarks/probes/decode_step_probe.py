@@ -16,6 +16,10 @@ the Megatron model).
     PYTHONPATH=$PWD:/tmp/site VLLM_ENABLE_V1_MULTIPROCESSING=0 python3 benchmarks/probes/decode_step_probe.py \
         --model-dir /tmp/m_1.5b --out $OUT/decode_step_probe.json
 
+Whether engines slow each other down on one host (the dp replicas): run one copy per GPU at once, e.g.
+    for i in 0 1 2 3; do CUDA_VISIBLE_DEVICES=$i python3 ... --sizes 128 --variants ours,no_seed --no-gc-freeze \
+        --out $OUT/probe_together_$i.json & done; wait
+
 Answer: not run yet (written 2026-11-27 for the next GPU lease).
 """
 from __future__ import annotations
@@ -43,7 +47,7 @@ def requests(count: int, seeded: bool, logprobs: bool, vocab: int):
     return prompts, params
 
 
-def time_one(llm, count: int, variant: str, vocab: int, reps: int) -> float:
+def time_one(llm, count: int, variant: str, vocab: int, reps: int, spreads: dict | None = None) -> float:
     prompts, params = requests(count, *VARIANTS[variant], vocab)
     seconds = []
     for _ in range(reps):
@@ -51,6 +55,8 @@ def time_one(llm, count: int, variant: str, vocab: int, reps: int) -> float:
         start = time.perf_counter()
         llm.generate(prompts, params, use_tqdm=False)
         seconds.append(time.perf_counter() - start)
+    if spreads is not None:
+        spreads[count] = [min(seconds) / NEW * 1e3, max(seconds) / NEW * 1e3]
     return statistics.median(seconds) / NEW * 1e3  # ms per decode step (prefill included, one step of 256)
 
 
@@ -67,6 +73,8 @@ def main() -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--sizes", default="64,128,256")
+    p.add_argument("--variants", default=",".join(VARIANTS), help="a subset of " + ",".join(VARIANTS))
+    p.add_argument("--no-gc-freeze", action="store_true", help="leave out the gc.freeze() variant")
     args = p.parse_args()
     from vllm import LLM
 
@@ -79,19 +87,22 @@ def main() -> None:
     result = {"async_scheduling": cfg.scheduler_config.async_scheduling,
               "capture_sizes": cfg.compilation_config.cudagraph_capture_sizes, "variants": {}}
     time_one(llm, sizes[0], "ours", vocab, 1)  # warm-up
-    for variant in VARIANTS:
-        points = {s: time_one(llm, s, variant, vocab, args.reps) for s in sizes}
-        a, b = fit(points)
-        result["variants"][variant] = {"ms_per_step": points, "fixed_ms": a, "per_sequence_ms": b}
+    result["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")
+    for variant in args.variants.split(","):
+        spreads: dict[int, list[float]] = {}
+        points = {s: time_one(llm, s, variant, vocab, args.reps, spreads) for s in sizes}
+        a, b = fit(points) if len(points) > 1 else (float("nan"), float("nan"))
+        result["variants"][variant] = {"ms_per_step": points, "spread_ms": spreads, "fixed_ms": a, "per_sequence_ms": b}
         print(f"[decode probe] {variant:12s} " + " ".join(f"{s}: {v:.2f} ms" for s, v in points.items())
               + f"  -> {a:.2f} ms + {b * 1e3:.1f} us/seq", flush=True)
-    gc.collect()
-    gc.freeze()
-    points = {s: time_one(llm, s, "ours", vocab, args.reps) for s in sizes}
-    a, b = fit(points)
-    result["variants"]["ours_gc_frozen"] = {"ms_per_step": points, "fixed_ms": a, "per_sequence_ms": b}
-    print("[decode probe] ours+gcfreeze " + " ".join(f"{s}: {v:.2f} ms" for s, v in points.items())
-          + f"  -> {a:.2f} ms + {b * 1e3:.1f} us/seq", flush=True)
+    if not args.no_gc_freeze:
+        gc.collect()
+        gc.freeze()
+        points = {s: time_one(llm, s, "ours", vocab, args.reps) for s in sizes}
+        a, b = fit(points) if len(points) > 1 else (float("nan"), float("nan"))
+        result["variants"]["ours_gc_frozen"] = {"ms_per_step": points, "fixed_ms": a, "per_sequence_ms": b}
+        print("[decode probe] ours+gcfreeze " + " ".join(f"{s}: {v:.2f} ms" for s, v in points.items())
+              + f"  -> {a:.2f} ms + {b * 1e3:.1f} us/seq", flush=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
 
