@@ -17,12 +17,11 @@ PPO's samples are slightly off-policy. With log r = log pi_old - log pi_rollout 
   between pi_theta and pi_rollout itself with loss_type ppo_clip (the PPO ratio does it) or reinforce
   (explicit IS weights).
 
-Metrics (prefix rollout_corr/): kl, k3_kl, training_ppl, rollout_ppl, log_ppl_diff, chi2_token,
-chi2_seq always; rollout_is_{mean,max,min,std,eff_sample_size,ratio_fraction_high,ratio_fraction_low,
-seq_mean} (+ oob_ratio with IcePop, batch_norm_factor with batch normalization) with IS;
-rollout_rs_masked_fraction, rollout_rs_seq_masked_fraction and per option rollout_rs_OPT_{mean,
-masked_fraction,seq_masked_fraction} with RS. Which keys appear depends on the settings only
-(`metric_names`), never on the data.
+Metrics (prefix rollout_corr/): verl 0.9.1's families (rollout_corr_metrics.py): the off-policy ones
+(training_ppl, training_log_ppl, ppl_ratio, kl, chi2, ...) always; rollout_is_* (incl. rollout_is_seq_*) with IS
+(+ oob_ratio with IcePop, batch_norm_factor with batch normalization); rollout_rs_masked_fraction,
+rollout_rs_seq_masked_fraction and per option rollout_rs_OPT_* with RS. Which keys appear depends on the
+settings only (`metric_names`), never on the data.
 """
 
 from __future__ import annotations
@@ -33,16 +32,22 @@ from typing import Any, NamedTuple, Optional, Union
 
 import torch
 
+from .rollout_corr_metrics import (
+    IS_METRICS,
+    OFFPOLICY,
+    RS_K1_METRICS,
+    RS_OPTION_METRICS,
+    SAFETY_BOUND,
+    offpolicy_metrics,
+    rs_metrics,
+)
+from .rollout_corr_metrics import is_metrics as _is_metrics
 from .torch_functional import masked_mean, masked_sum
 
-SAFETY_BOUND = 20.0
 IS_LEVELS = ("token", "sequence")
 RS_OPTIONS = ("token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3",
               "seq_mean_k1", "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3")
 LOSS_TYPES = ("ppo_clip", "reinforce")
-OFFPOLICY = ("kl", "k3_kl", "training_ppl", "rollout_ppl", "log_ppl_diff", "chi2_token", "chi2_seq")
-IS_METRICS = ("mean", "max", "min", "std", "eff_sample_size", "ratio_fraction_high", "ratio_fraction_low", "seq_mean")
-RS_OPTION_METRICS = ("mean", "masked_fraction", "seq_masked_fraction")
 Threshold = Union[str, float]
 
 
@@ -158,11 +163,12 @@ def is_weights(log_ratio: torch.Tensor, mask: torch.Tensor, level: str, threshol
     """Importance weights [B, T] (detached, 0 off the mask) and their rollout_is_* metrics."""
     upper, lower = parse_is_threshold(threshold)
     m = mask.to(log_ratio.dtype)
+    row_log_ratio = None
     if level == "token":
         raw = torch.exp(log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)) * m
     elif level == "sequence":
-        seq = masked_sum(log_ratio, mask, axis=-1).clamp(-SAFETY_BOUND, SAFETY_BOUND)  # [B]
-        raw = torch.exp(seq).unsqueeze(-1) * m
+        row_log_ratio = masked_sum(log_ratio, mask, axis=-1)  # [B]
+        raw = torch.exp(row_log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)).unsqueeze(-1) * m
     else:
         raise ValueError(f"rollout_is={level!r} is not one of {', '.join(IS_LEVELS)}")
     if lower is None:
@@ -170,7 +176,7 @@ def is_weights(log_ratio: torch.Tensor, mask: torch.Tensor, level: str, threshol
     else:
         weights = torch.where((raw >= lower) & (raw <= upper), raw, torch.zeros_like(raw))
     weights = weights.detach()
-    metrics = _is_metrics(weights, raw, mask, upper, lower if lower is not None else 1.0 / upper)
+    metrics = {f"rollout_is_{k}": v for k, v in _is_metrics(weights, raw, row_log_ratio, mask, upper, lower).items()}
     if lower is not None:
         metrics["rollout_is_oob_ratio"] = _mean(((raw < lower) | (raw > upper)).to(m.dtype), mask)
     if batch_normalize:
@@ -187,27 +193,6 @@ def _mean(values: torch.Tensor, mask: torch.Tensor) -> float:
     return float(masked_mean(values, mask))
 
 
-def _is_metrics(weights: torch.Tensor, raw: torch.Tensor, mask: torch.Tensor, upper: float,
-                lower: float) -> dict[str, float]:
-    valid = mask != 0
-    w = weights[valid]
-    mean = _mean(weights, mask)
-    for_std = weights.clamp(0.0, upper)
-    var = _mean(for_std.square(), mask) - _mean(for_std, mask) ** 2
-    normalized = for_std / (_mean(for_std, mask) + 1e-8)
-    nonempty = valid.any(-1)
-    return {
-        "rollout_is_mean": mean,
-        "rollout_is_max": float(w.max()) if len(w) else 0.0,
-        "rollout_is_min": float(w.min()) if len(w) else 0.0,
-        "rollout_is_std": math.sqrt(max(var, 0.0)),
-        "rollout_is_eff_sample_size": 1.0 / max(_mean(normalized.square(), mask), 1e-12),
-        "rollout_is_ratio_fraction_high": _mean((raw > upper).to(weights.dtype), mask),
-        "rollout_is_ratio_fraction_low": _mean((raw < lower).to(weights.dtype), mask),
-        "rollout_is_seq_mean": float(masked_mean(weights, mask, axis=-1)[nonempty].mean()) if nonempty.any() else 0.0,
-    }
-
-
 def rejection_mask(log_ratio: torch.Tensor, mask: torch.Tensor, options: str,
                    threshold: Optional[Threshold]) -> tuple[torch.Tensor, dict[str, float]]:
     """(response_mask with rejected tokens/sequences set to 0, rollout_rs_* metrics)."""
@@ -219,51 +204,27 @@ def rejection_mask(log_ratio: torch.Tensor, mask: torch.Tensor, options: str,
     metrics: dict[str, float] = {}
     for name, lower, upper in parse_rs(options, threshold):
         stat = per_token[name[-2:]]
+        row_stat = None
         if name.startswith("seq_sum"):
-            stat = masked_sum(stat, mask, axis=-1).unsqueeze(-1).expand_as(stat)
+            row_stat = masked_sum(stat, mask, axis=-1)
         elif name.startswith("seq_mean"):
-            stat = masked_mean(stat, mask, axis=-1).unsqueeze(-1).expand_as(stat)
+            row_stat = masked_mean(stat, mask, axis=-1)
         elif name.startswith("seq_max"):
             top = stat.masked_fill(~valid, float("-inf")).max(dim=-1).values
-            stat = torch.where(nonempty, top, torch.zeros_like(top)).unsqueeze(-1).expand_as(stat)
-        if lower is None:
-            keep = stat <= upper
-        else:
-            keep = (stat >= math.log(lower)) & (stat <= math.log(upper))
+            row_stat = torch.where(nonempty, top, torch.zeros_like(top))
+        if row_stat is not None:
+            stat = row_stat.unsqueeze(-1).expand_as(stat)
+        low, up = (None, upper) if lower is None else (math.log(lower), math.log(upper))  # k1: log bounds
+        keep = stat <= up if low is None else (stat >= low) & (stat <= up)
         keep_all &= keep
         prefix = f"rollout_rs_{name}"
-        metrics[f"{prefix}_mean"] = _mean(stat, mask)
+        metrics.update({f"{prefix}_{k}": v for k, v in rs_metrics(stat, row_stat, mask, up, low).items()})
         metrics[f"{prefix}_masked_fraction"] = _mean((~keep).to(lr.dtype), mask)
-        metrics[f"{prefix}_seq_masked_fraction"] = _seq_fraction(~keep & valid, nonempty)
+        metrics[f"{prefix}_seq_masked_fraction"] = float((~keep & valid).any(-1)[nonempty].double().mean()) \
+            if nonempty.any() else 0.0
     metrics["rollout_rs_masked_fraction"] = _mean((~keep_all).to(lr.dtype), mask)
-    metrics["rollout_rs_seq_masked_fraction"] = _seq_fraction(~keep_all & valid, nonempty)
+    metrics["rollout_rs_seq_masked_fraction"] = float((~keep_all & valid).any(-1).double().mean())  # over all rows
     return (mask * keep_all.to(mask.dtype)).to(mask.dtype), metrics
-
-
-def _seq_fraction(rejected: torch.Tensor, nonempty: torch.Tensor) -> float:
-    """Fraction of rows with a valid token that lost at least one token."""
-    return float(rejected.any(-1)[nonempty].float().mean()) if nonempty.any() else 0.0
-
-
-def offpolicy_metrics(log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
-    """How far pi (log_prob) is from pi_rollout: KL(rollout || pi) by k1 and k3, per-sequence perplexities,
-    chi-square divergence E[rho^2] - 1 per token and per sequence."""
-    lr = log_prob - rollout_log_prob
-    nonempty = (mask != 0).any(-1)
-    mean_lp = masked_mean(log_prob, mask, axis=-1)[nonempty]
-    mean_rollout = masked_mean(rollout_log_prob, mask, axis=-1)[nonempty]
-    seq_lr = masked_sum(lr, mask, axis=-1)[nonempty].clamp(-SAFETY_BOUND, SAFETY_BOUND)
-    safe = lr.clamp(-SAFETY_BOUND, SAFETY_BOUND)
-    avg = (lambda x: float(x.mean())) if bool(nonempty.any()) else (lambda x: 0.0)
-    return {
-        "kl": _mean(-lr, mask),
-        "k3_kl": _mean(torch.exp(safe) - safe - 1, mask),
-        "training_ppl": avg(torch.exp(-mean_lp)),
-        "rollout_ppl": avg(torch.exp(-mean_rollout)),
-        "log_ppl_diff": avg(mean_rollout - mean_lp),
-        "chi2_token": _mean(torch.exp(safe).square(), mask) - 1.0,
-        "chi2_seq": avg(torch.exp(2.0 * seq_lr)) - 1.0 if bool(nonempty.any()) else 0.0,
-    }
 
 
 # ------------------------------------------------------------------------------------------ entry
@@ -300,6 +261,6 @@ def metric_names(spec: RolloutCorrection) -> list[str]:
             names.append("rollout_is_batch_norm_factor")
     if spec.rollout_rs is not None:
         for name, _, _ in parse_rs(spec.rollout_rs, spec.rollout_rs_threshold):
-            names += [f"rollout_rs_{name}_{m}" for m in RS_OPTION_METRICS]
+            names += [f"rollout_rs_{name}_{m}" for m in RS_OPTION_METRICS + (RS_K1_METRICS if name.endswith("k1") else ())]
         names += ["rollout_rs_masked_fraction", "rollout_rs_seq_masked_fraction"]
     return [f"rollout_corr/{n}" for n in names]
