@@ -1,7 +1,7 @@
 """ModelArch + layout -> megatron-core GPTModel chunks (this rank's pipeline stage(s)).
 
-One builder for the three roles: the actor and the reference are language models; the critic is
-the same network with the vocab projection replaced by a scalar value head (see ValueHead).
+One builder for the four roles: the actor and the reference are language models; the critic and the
+reward model are the same network with the vocab projection replaced by a scalar head (see ValueHead).
 Layers come from the local spec (pure torch + megatron's tensor-parallel linears, torch SDPA as the
 core attention: attention.py) or from the transformer-engine spec (fused norm+linear, TE attention,
 FP8), as `*.megatron.transformer_impl` says; by default TE where transformer_engine imports on a GPU.
@@ -184,12 +184,14 @@ class ValueHead(torch.nn.Module):
     """
 
     def __init__(self, hidden_size: int, dtype: torch.dtype, init_std: float, seed: int,
-                 sequence_parallel: bool = False) -> None:
+                 sequence_parallel: bool = False, bias: bool = False) -> None:
         super().__init__()
         self.sequence_parallel = sequence_parallel
         gen = torch.Generator().manual_seed(seed)
         weight = torch.randn(1, hidden_size, generator=gen, dtype=torch.float32) * init_std
         self.weight = torch.nn.Parameter(weight.to(device=compat.device(), dtype=dtype))
+        # a reward model from *ForTokenClassification has `score.bias` (its *ForSequenceClassification twin has none)
+        self.bias = torch.nn.Parameter(torch.zeros(1, device=compat.device(), dtype=dtype)) if bias else None
 
     def forward(self, hidden: torch.Tensor, weight: Any = None, runtime_gather_output: Any = None):
         # Same call signature and (output, bias) return as the vocab projection it replaces.
@@ -197,12 +199,12 @@ class ValueHead(torch.nn.Module):
             from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
 
             hidden = gather_from_sequence_parallel_region(hidden)
-        return F.linear(hidden, self.weight), None
+        return F.linear(hidden, self.weight, self.bias), None
 
 
 def build_model(arch: ModelArch, layout: ParallelLayout, *, value_head: bool = False, seed: int = 42,
                 init_std: float = 0.02, recompute: bool = False, overrides: Optional[dict[str, Any]] = None,
-                transformer_impl: Optional[str] = None) -> list[torch.nn.Module]:
+                transformer_impl: Optional[str] = None, head_bias: bool = False) -> list[torch.nn.Module]:
     """This rank's model chunks (one per virtual pipeline stage), on the training device and dtype.
 
     GPU bf16/fp16 chunks are wrapped in megatron's Float16Module (outputs come back in fp32).
@@ -238,7 +240,7 @@ def build_model(arch: ModelArch, layout: ParallelLayout, *, value_head: bool = F
         moe.prepare(model)
         if value_head and post:
             model.output_layer = ValueHead(arch.hidden_size, config.params_dtype, init_std, seed,
-                                           config.sequence_parallel)
+                                           config.sequence_parallel, bias=head_bias)
         model.to(compat.device())
         if config.bf16 or config.fp16:
             model = Float16Module(config, model)

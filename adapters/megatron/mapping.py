@@ -10,7 +10,8 @@ Vp padded vocab, tp rank r of t):
         rank r holds the contiguous groups [r*k/t, (r+1)*k/t). HF keeps q_proj, k_proj, v_proj apart.
   fc1   megatron linear_fc1 on rank r is [gate rows of r; up rows of r] (each f/t rows); HF gate_proj, up_proj.
   vocab embedding / output rows padded from V to Vp with zeros; rank r holds rows [r*Vp/t, (r+1)*Vp/t).
-  column / row  split along dim 0 / dim 1; replicated: norms, q/k norms, the critic's value head.
+  column / row  split along dim 0 / dim 1; replicated: norms, q/k norms, the critic's value head and the reward
+        model's score head (HF `score.weight`, and `score.bias` of *ForTokenClassification).
 Pipeline: global layer g lives in chunk c = g // (L/(pp*vpp)) -> vp stage c // pp, pp rank c % pp
 (megatron's interleaved assignment), local index g % (L/(pp*vpp)).
 Experts (MoE layers): routed expert x of E lives on ep rank x // (E/ep) as local expert x % (E/ep)
@@ -53,6 +54,7 @@ class Topology:
     vpp: Optional[int] = None
     te_names: bool = False  # transformer-engine spec: norms fused into the following linear
     value_head: bool = False
+    head_bias: bool = False  # the value/score head has a bias (HF *ForTokenClassification's `score.bias`)
     extra: dict = field(default_factory=dict, compare=False)
     ep: int = 1
     etp: Optional[int] = None  # None: tp
@@ -84,6 +86,8 @@ def plan(arch: ModelArch, topo: Topology) -> list[Entry]:
     out.append(Entry("decoder.final_layernorm.weight", ("model.norm.weight",), ((h,),), "replicated", *last))
     if topo.value_head:
         out.append(Entry("output_layer.weight", ("score.weight",), ((1, h),), "replicated", *last, optional=True))
+        if topo.head_bias:
+            out.append(Entry("output_layer.bias", ("score.bias",), ((1,),), "replicated", *last, optional=True))
     elif not arch.tie_embeddings:
         out.append(Entry("output_layer.weight", ("lm_head.weight",), ((V, h),), "vocab", *last))
     elif topo.pp > 1:

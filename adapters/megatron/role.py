@@ -36,7 +36,7 @@ class MegatronRole:
                  optim: Optional[OptimConfig], value_head: bool = False, override_config: Optional[dict] = None,
                  recompute: bool = False, load_weight: bool = True, total_training_steps: Optional[int] = None,
                  transformer_overrides: Optional[dict] = None, remove_padding: bool = False,
-                 lora: Optional[LoraSpec] = None) -> None:
+                 lora: Optional[LoraSpec] = None, head_bias: bool = False) -> None:
         parallel.init_megatron(layout, seed=megatron.seed)
         self.hf_path = hf_path
         self.hf_config = _with_overrides(load_hf_config(hf_path), override_config or {})
@@ -44,16 +44,17 @@ class MegatronRole:
         self.layout = layout
         self.megatron = megatron
         self.value_head = value_head
+        self.head_bias = head_bias  # the value/score head has a bias (a *ForTokenClassification reward model)
         self.remove_padding = remove_padding  # micro-batches packed into one THD sequence (forward.pack_thd)
         overrides = {"calculate_per_token_loss": True, **(transformer_overrides or {}),
                      **megatron.override_transformer_config}
         chunks = build_model(self.arch, layout, value_head=value_head, seed=megatron.seed,
                              init_std=getattr(self.hf_config, "initializer_range", 0.02), recompute=recompute,
-                             overrides=overrides, transformer_impl=megatron.transformer_impl)
+                             overrides=overrides, transformer_impl=megatron.transformer_impl, head_bias=head_bias)
         rounded: list[torch.nn.Parameter] = []  # params whose checkpoint values their dtype cannot hold
         if load_weight:
             load_hf_weights(chunks, hf_path, self.arch, layout, value_head=value_head,
-                            into=functools.partial(_load_noting_rounding, rounded))
+                            into=functools.partial(_load_noting_rounding, rounded), head_bias=head_bias)
         self.lora = lora  # LoRA: the base is frozen and the optimizer holds the adapters only (lora.py)
         self._lora_entries = []  # this rank's adapter parameters (mapping.lora_plan rows)
         if lora is not None:
@@ -78,7 +79,7 @@ class MegatronRole:
             written[0] += bool(write(param, shard))
 
         load_hf_weights(self.engine.chunks, self.hf_path, self.arch, self.layout,
-                        value_head=self.value_head, into=into)
+                        value_head=self.value_head, into=into, head_bias=self.head_bias)
         if written[0]:
             log.info("%s: %d tensors of %s hold values bf16 rounds away; the fp32 master weights start from the "
                      "checkpoint's values (%d set)", self.role, rounded, self.hf_path, written[0])

@@ -32,13 +32,14 @@ from .hf_io import SafetensorsReader
 from .mapping import Entry, Topology, hf_to_shard, is_tp_split, plan, shard_regions, shards_to_hf
 
 
-def topology(chunks: list[torch.nn.Module], layout: ParallelLayout, value_head: bool) -> Topology:
-    """The mapping topology of built chunks (param naming follows the layer spec actually used)."""
+def topology(chunks: list[torch.nn.Module], layout: ParallelLayout, value_head: bool, head_bias: bool = False) -> Topology:
+    """The mapping topology of built chunks (param naming follows the layer spec actually used). `head_bias` is given,
+    not read from the names: only the last pipeline stage holds the head, and every rank must walk the same plan."""
     names = {n for c in chunks for n, _ in unwrap(c).named_parameters()}
     te = any(n.endswith("linear_qkv.layer_norm_weight") for n in names)
     grouped = any(".experts.linear_fc1.weight" in n for n in names)
     return Topology(tp=layout.tp, pp=layout.pp, vpp=layout.vpp, te_names=te, value_head=value_head, ep=layout.ep,
-                    etp=layout.expert_tp, grouped_experts=grouped)
+                    etp=layout.expert_tp, grouped_experts=grouped, head_bias=value_head and head_bias)
 
 
 def _params(chunks: list[torch.nn.Module]) -> list[dict[str, torch.nn.Parameter]]:
@@ -72,7 +73,8 @@ def _split_rank(entry: Entry, tp_rank: int) -> int:
 
 def load_hf_weights(chunks: list[torch.nn.Module], hf_dir: str, arch: ModelArch, layout: ParallelLayout,
                     value_head: bool = False, reader: Optional[SafetensorsReader] = None,
-                    into: Optional[Callable[[torch.nn.Parameter, torch.Tensor], None]] = None) -> int:
+                    into: Optional[Callable[[torch.nn.Parameter, torch.Tensor], None]] = None,
+                    head_bias: bool = False) -> int:
     """Copy this rank's shards from the HF safetensors in `hf_dir`; returns the number of tensors set.
 
     Call before building the optimizer (the distributed optimizer copies params into its fp32 shards).
@@ -84,7 +86,7 @@ def load_hf_weights(chunks: list[torch.nn.Module], hf_dir: str, arch: ModelArch,
     tp_rank, pp_rank = _ranks()
     params = _params(chunks)
     assigned: set[tuple[int, str]] = set()
-    topo = topology(chunks, layout, value_head)
+    topo = topology(chunks, layout, value_head, head_bias)
     for entry in plan(arch, topo):
         if not _owns(entry, pp_rank):
             continue

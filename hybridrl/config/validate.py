@@ -18,6 +18,7 @@ from .problems import Problems as _Problems
 from .problems import choices as _choices
 from .problems import did_you_mean as _did_you_mean
 from .problems import registry_names as _registry_names
+from .reward_checks import RewardPlan, check_reward_model
 from .rollout_checks import RolloutLayout, check_multi_turn, check_rollout
 from .schema import MegatronConfig, PPOConfig
 from .schema.common import LAYOUT_KEYS
@@ -106,6 +107,7 @@ class Derived:
     algorithm: Optional[AlgorithmPlan] = None  # None only in Derived objects built by hand (tests)
     placement: Placement = field(default_factory=Placement)
     notes: tuple[str, ...] = field(default_factory=tuple)
+    reward: RewardPlan = field(default_factory=RewardPlan)  # reward model / judge / how rewards combine
 
 
 @dataclass(frozen=True)
@@ -135,6 +137,8 @@ class RunConfig:
         ]
         if d.algorithm is not None:
             lines.append(f"algorithm: {d.algorithm.describe()}")
+        if d.reward.enabled:
+            lines.append(f"reward: {d.reward.describe()}")
         lines += [f"note: {n}" for n in d.notes]
         return "\n".join(lines)
 
@@ -390,9 +394,6 @@ def _check_trainer(cfg: PPOConfig, p: _Problems) -> None:
 
 
 def _check_rewards(cfg: PPOConfig, p: _Problems) -> None:
-    p.check(not cfg.reward_model.enable,
-            "reward_model.enable=true: model-based rewards are not supported yet; use custom_reward_function.path "
-            "or the rule scorers (gsm8k, math)")
     managers = _registry_names("hybridrl.reward", "REWARD_MANAGERS")
     if managers is not None:
         _choices("reward_model.reward_manager", cfg.reward_model.reward_manager, managers, p)
@@ -483,12 +484,16 @@ def validate(cfg: PPOConfig, cuda_available: Optional[Callable[[], bool]] = None
         p.notes += critic_problems.notes
     elif cfg.algorithm.adv_estimator == "gae":
         p.errors.append("algorithm.adv_estimator=gae needs values: remove critic.enable=false or pick grpo/rloo/...")
+    reward = check_reward_model(cfg, ara.actor.megatron, actor.dp, p)
+    if reward.model:  # the actor's layout (checked there) in the reward model's dtype
+        reward = dataclasses.replace(reward, layout=_layout("reward_model.megatron", cfg.reward_model.megatron, world,
+                                                            device, _Problems()))
     p.raise_if_any()
     derived = Derived(
         device=device, world_size=world, actor=actor, rollout=rollout, actor_batch=actor_batch,
         ref_forward_micro_batch_per_gpu=ref_micro, use_reference=use_reference, use_critic=use_critic,
         critic=critic_layout, critic_batch=critic_batch, algorithm=algorithm, placement=placement,
-        notes=tuple(p.notes),
+        notes=tuple(p.notes), reward=reward,
     )
     return RunConfig(cfg, derived)
 

@@ -60,6 +60,7 @@ class RewardFunctionError(RuntimeError):
 class RewardOutput:
     reward_tensor: torch.Tensor  # [B, R] float32; the score at each row's last valid response token
     reward_extra_info: dict[str, list] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)  # the step's reward metrics (reward model, judge)
 
 
 def response_mask_of(data: DataProto) -> torch.Tensor:

@@ -4,7 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from .common import CheckpointConfig, MegatronConfig, OptimConfig, doc, follow_actor_layout, link
+from .common import CheckpointConfig, Link, MegatronConfig, OptimConfig, doc, follow_actor_layout, link
+from .reward import JudgeConfig, RewardCombineConfig
 
 
 @dataclass(frozen=True)
@@ -48,10 +49,15 @@ class CriticConfig:
 
 @dataclass(frozen=True)
 class RewardModelModelConfig:
-    input_tokenizer: Optional[str] = link("actor_rollout_ref.model.path")
-    path: str = "~/models/FsfairX-LLaMA3-RM-v0.1"
+    input_tokenizer: Optional[str] = field(default=Link("actor_rollout_ref.model.path"), metadata={"doc": (
+        "The policy's tokenizer: where the reward model's tokenizer differs from it, prompt and response are decoded "
+        "with it and re-rendered with the reward model's chat template; null: the policy's tokens are scored as they "
+        "are.")})
+    path: str = doc("A HF *ForSequenceClassification / *ForTokenClassification folder (num_labels=1).",
+                    "~/models/FsfairX-LLaMA3-RM-v0.1")
     external_lib: Optional[str] = link("actor_rollout_ref.model.external_lib")
     trust_remote_code: bool = False
+    override_config: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -68,7 +74,8 @@ class OverlongBufferConfig:
 
 @dataclass(frozen=True)
 class RewardModelConfig:
-    enable: bool = doc("A model-based reward (not supported yet: rule and custom rewards are).", False)
+    enable: bool = doc("Score responses with a reward model (reward_model.model.path) on the Megatron engine, in the "
+                       "actor's processes and layout; reward_model.combine says how it meets the rule reward.", False)
     enable_resource_pool: bool = False
     n_gpus_per_node: int = 0
     nnodes: int = 0
@@ -82,10 +89,15 @@ class RewardModelConfig:
     reward_manager: str = doc("naive | batch | dapo (naive, with a number's score also reported as acc) | a "
                               "user-registered manager.", "naive")
     launch_reward_fn_async: bool = False
-    megatron: MegatronConfig = field(default_factory=lambda: MegatronConfig(use_distributed_optimizer=False))
+    megatron: MegatronConfig = doc("The reward model's layout follows the actor's (it runs in the actor's processes); "
+                                   "param_offload defaults to true here: its weights leave the GPU while it is idle.",
+                                   factory=lambda: follow_actor_layout(use_distributed_optimizer=False,
+                                                                       param_offload=True))
     load_weight: bool = True
     reward_kwargs: dict[str, Any] = field(default_factory=dict)
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
+    combine: RewardCombineConfig = field(default_factory=RewardCombineConfig)
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
 
 
 @dataclass(frozen=True)
