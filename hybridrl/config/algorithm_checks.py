@@ -117,11 +117,13 @@ def _rollout_correction(cfg: PPOConfig, needs: frozenset, p: Problems) -> Option
                                           f"{RC}.rollout_is={rc.rollout_is} are both set: tis_imp_ratio_cap=C is "
                                           f"{RC}.rollout_is=token {RC}.rollout_is_threshold=C; keep one"):
             effective = dataclasses.replace(rc, rollout_is="token", rollout_is_threshold=actor.tis_imp_ratio_cap)
-    if cfg.trainer.one_step_off_policy and not rc.bypass_mode and not RolloutCorrection.from_config(effective).enabled:
-        # each batch comes from the previous policy: without a correction the update would treat it as on-policy
+    stale = "trainer.one_step_off_policy" if cfg.trainer.one_step_off_policy else \
+        "async_training.enable" if cfg.async_training.enable else None
+    if stale and not rc.bypass_mode and not RolloutCorrection.from_config(effective).enabled:
+        # each batch comes from an earlier policy: without a correction the update would treat it as on-policy
         effective = dataclasses.replace(rc, rollout_is="token", rollout_is_threshold=OFF_POLICY_TIS_CAP)
-        p.notes.append(f"trainer.one_step_off_policy=true: importance weights pi_old/pi_rollout truncated at "
-                       f"{OFF_POLICY_TIS_CAP} (token TIS) correct for the one-step-stale rollout; set {RC}.rollout_is "
+        p.notes.append(f"{stale}=true: importance weights pi_old/pi_rollout truncated at "
+                       f"{OFF_POLICY_TIS_CAP} (token TIS) correct for the stale rollout; set {RC}.rollout_is "
                        "to choose another correction")
     spec = RolloutCorrection.from_config(effective)
     p.errors.extend(spec.problems())

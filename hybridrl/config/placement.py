@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from .async_checks import AsyncPlan, check_async
 from .problems import Problems
 from .schema import PPOConfig
 
@@ -19,6 +20,7 @@ class Placement:
     rollout_nnodes: int = 0
     rollout_gpus_per_node: int = 0
     one_step_off: bool = False  # generation of step k+1 overlaps the update of step k
+    fully_async: Optional[AsyncPlan] = None  # async_training.enable: the rollout generates continuously
 
     @property
     def rollout_world(self) -> int:
@@ -28,9 +30,10 @@ class Placement:
         if not self.split:
             return "placement: colocated (hybrid engine: rollout and training share every GPU)"
         mode = "one-step-off-policy (generation of step k+1 overlaps the update of step k)" if self.one_step_off \
-            else "synchronous"
+            else self.fully_async.describe() if self.fully_async else "synchronous"
         return (f"placement: split, rollout on its own {self.rollout_nnodes} x {self.rollout_gpus_per_node} "
-                f"GPU(s)/process(es), weights broadcast after every update; {mode}")
+                f"GPU(s)/process(es), weights broadcast {'at each sync' if self.fully_async else 'after every update'}; "
+                f"{mode}")
 
 
 def check_placement(cfg: PPOConfig, device: str, p: Problems,
@@ -44,6 +47,7 @@ def check_placement(cfg: PPOConfig, device: str, p: Problems,
         p.check(not t.one_step_off_policy,
                 f"trainer.one_step_off_policy=true needs a split placement (the rollout on its own GPUs, generating "
                 f"while the actor trains); {SPLIT_HINT}")
+        p.check(not cfg.async_training.enable, f"async_training.enable=true needs a split placement; {SPLIT_HINT}")
         return Placement()
     nodes = max(r.nnodes, 1)
     p.check(r.n_gpus_per_node >= 1, f"{ARA}.hybrid_engine=false runs the rollout on its own GPUs: set "
@@ -74,7 +78,7 @@ def check_placement(cfg: PPOConfig, device: str, p: Problems,
                    f"({ARA}.hybrid_engine=true, trainer.one_step_off_policy=false)" if have == 1 else
                    "Lower one of them"))
     return Placement(split=True, rollout_nnodes=nodes, rollout_gpus_per_node=max(r.n_gpus_per_node, 1),
-                     one_step_off=t.one_step_off_policy)
+                     one_step_off=t.one_step_off_policy, fully_async=check_async(cfg, p))
 
 
 def _cuda_device_count() -> int:

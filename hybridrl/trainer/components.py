@@ -19,8 +19,10 @@ from hybridrl.config import RunConfig
 from hybridrl.config.loader import to_dict
 from hybridrl.protocol import DataProto
 
+from .batch_ops import add_group_ids
 from .checkpoint_manager import CheckpointManager, TrainerState, find_resume_path, load_trainer_state, restore_rng_state
 from .dynamic_sampling import RolloutStream
+from .fully_async import FullyAsyncStream
 from .generation import ColocatedGeneration, SplitGeneration
 from .generation_dump import generation_records, write_generations
 from .metrics import causal_training_flops, compute_mfu, peak_flops_for
@@ -108,10 +110,13 @@ class Components:
     # ------------------------------------------------------------------ data
     def rollouts(self, done_steps: int, generate: Callable[[DataProto, int, int], DataProto],
                  score: Callable[[DataProto], DataProto], start: Callable[[DataProto, int], Any],
-                 finish: Callable[[Any], DataProto]) -> "RolloutStream | OneStepOffStream":
+                 finish: Callable[[Any], DataProto]) -> "RolloutStream | OneStepOffStream | FullyAsyncStream":
         """One generated and scored batch per remaining step (dynamic_sampling.py: DAPO's filter when on;
-        one_step_off.py: generated one step ahead, with trainer.one_step_off_policy)."""
+        one_step_off.py: generated one step ahead, with trainer.one_step_off_policy; fully_async.py: taken from
+        the continuously fed queue, with async_training.enable)."""
         steps = max(self.total_steps - done_steps, 0)
+        if self.run.derived.placement.fully_async:
+            return self.fully_async_stream(done_steps, steps, score)
         if self.run.derived.placement.one_step_off:
             return OneStepOffStream(self.prompt_batches(), start, finish, score, start_step=done_steps, steps=steps,
                                     snapshot=self.train_loader.state_dict)
@@ -120,6 +125,21 @@ class Components:
                              steps=steps,
                              train_batch_size=self.run.cfg.data.train_batch_size,
                              filter_metric=fg.metric if fg.enable else None, max_num_gen_batches=fg.max_num_gen_batches)
+
+    def fully_async_stream(self, done_steps: int, steps: int, score: Callable[[DataProto], DataProto]
+                           ) -> FullyAsyncStream:
+        cfg = self.run.cfg
+
+        def prepare(prompts: DataProto, draw: int) -> DataProto:
+            prompts = add_group_ids(prompts)
+            prompts.meta_info.update(step=done_steps, draw=draw, validate=False)
+            return prompts
+
+        spill = os.path.join(os.path.expanduser(cfg.trainer.default_local_dir), cfg.async_training.queue_samples_dir)
+        return FullyAsyncStream(self.prompt_batches(), self.rollout_group, self.run.derived.placement.fully_async,
+                                prepare=prepare, push=self.generation.push, score=score, start_step=done_steps,
+                                steps=steps, temperature=cfg.actor_rollout_ref.rollout.temperature, spill_dir=spill,
+                                call_timeout_s=cfg.trainer.worker_timeout_s)
 
     def prompt_batches(self) -> Iterator[DataProto]:
         """Training prompt batches from where the loader stands, epochs rolling over (the rollout stream

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 from .actor import ActorConfig, ModelConfig, PolicyLossConfig, RefConfig
 from .algorithm import AlgorithmConfig, RolloutCorrectionConfig
+from .async_training import AsyncTrainingConfig
 from .common import Link, doc
 from .critic import CriticConfig, CustomRewardFunctionConfig, RewardModelConfig
 from .data import DataConfig
@@ -41,3 +42,4 @@ class PPOConfig:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     ray_kwargs: RayKwargsConfig = field(default_factory=RayKwargsConfig)
+    async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)

@@ -1,0 +1,128 @@
+"""The bounded queue between the rollout producers and the trainer (fully async mode), and the staleness math.
+
+Entries are finished prompt groups (rollout batches of n rows carrying `rollout_versions`, the version of each
+response token; -1 where the policy generated nothing). A group's *lag* at a trainer step is the trainer's version
+(updates done before the step's update) minus the version of the group's oldest token. The trainer takes groups
+first in first out and drops those whose lag exceeds the bound (counted). Nothing here knows about Ray or workers.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import deque
+from typing import Optional
+
+import torch
+
+from hybridrl.protocol import DataProto
+
+from .continuous import VERSIONS_KEY
+
+
+def version_span(group: DataProto) -> tuple[int, int]:
+    """(oldest, newest) version among the group's generated tokens ((-1, -1) for a group without any)."""
+    v = group.batch[VERSIONS_KEY]
+    made = v[v >= 0]
+    return (int(made.min()), int(made.max())) if made.numel() else (-1, -1)
+
+
+def sample_lags(batch: DataProto, trainer_version: int) -> torch.Tensor:
+    """[B] lag of each row: trainer_version minus its oldest generated token's version (0 for rows without one)."""
+    v = batch.batch[VERSIONS_KEY]
+    oldest = torch.where(v >= 0, v, torch.full_like(v, trainer_version)).min(dim=-1).values
+    return (trainer_version - oldest).clamp(min=0)
+
+
+def staleness_metrics(batch: DataProto, trainer_version: int, sync_every: int) -> dict[str, float]:
+    """Version lag per sample (mean/max/min, in updates), its histogram in sync windows, and verl's partial-rollout
+    counts (a partial sample's tokens come from more than one version)."""
+    v = batch.batch[VERSIONS_KEY]
+    made = v >= 0
+    lags = sample_lags(batch, trainer_version).double()
+    newest = torch.where(made, v, torch.full_like(v, -1)).max(dim=-1).values
+    oldest = torch.where(made, v, torch.full_like(v, 2**62)).min(dim=-1).values
+    span = torch.where(made.any(-1), newest - oldest, torch.zeros_like(newest))
+    n = max(len(batch), 1)
+    out = {"fully_async/version_lag/mean": float(lags.mean()), "fully_async/version_lag/max": float(lags.max()),
+           "fully_async/version_lag/min": float(lags.min()),
+           "fully_async/count/stale_trajectory_processed": float((lags > 0).sum()),
+           "fully_async/partial/total_partial_num": float((span > 0).sum()),
+           "fully_async/partial/partial_ratio": float((span > 0).sum()) / n,
+           "fully_async/partial/max_partial_span": float(span.max()) if len(batch) else 0.0}
+    windows = (lags // max(sync_every, 1)).long()
+    for k in range(int(windows.max()) + 1 if len(batch) else 0):
+        out[f"fully_async/staleness_hist/{k}_syncs"] = float((windows == k).sum()) / n
+    return out
+
+
+class SampleQueue:
+    """Finished groups in arrival order, at most `capacity` (put blocks beyond it); thread-safe."""
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"SampleQueue: capacity={capacity} must be >= 1")
+        self.capacity = capacity
+        self._groups: deque[DataProto] = deque()
+        self._cond = threading.Condition()
+        self.dropped = 0  # groups over the staleness bound, never trained on
+        self.received = 0
+
+    def __len__(self) -> int:
+        with self._cond:
+            return len(self._groups)
+
+    def put(self, group: DataProto, stop: Optional[threading.Event] = None) -> bool:
+        """Append (waits while full); False if `stop` was set meanwhile."""
+        with self._cond:
+            while len(self._groups) >= self.capacity:
+                if stop is not None and stop.is_set():
+                    return False
+                self._cond.wait(0.05)
+            self._groups.append(group)
+            self.received += 1
+            self._cond.notify_all()
+            return True
+
+    def take(self, count: int, trainer_version: int, max_lag: int) -> tuple[list[DataProto], int]:
+        """Up to `count` groups within the bound (oldest first) and how many stale ones were dropped on the way."""
+        out: list[DataProto] = []
+        dropped = 0
+        with self._cond:
+            while self._groups and len(out) < count:
+                group = self._groups.popleft()
+                oldest, _ = version_span(group)
+                if oldest >= 0 and trainer_version - oldest > max_lag:
+                    dropped += 1
+                    continue
+                out.append(group)
+            self.dropped += dropped
+            self._cond.notify_all()
+        return out, dropped
+
+    def wait(self, timeout_s: float) -> None:
+        """Until something arrives or timeout_s passes."""
+        with self._cond:
+            self._cond.wait(timeout_s)
+
+    def notify(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    def spill(self, folder: str, extra: Optional[list[DataProto]] = None) -> Optional[str]:
+        """Write every queued group (plus `extra`, groups taken but not trained on) to a new file in `folder`;
+        its path, or None when there was nothing to write."""
+        with self._cond:
+            groups = list(extra or []) + list(self._groups)
+        if not groups:
+            return None
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, f"samples_{time.strftime('%Y%m%d_%H%M%S')}_{os.getpid()}.pt")
+        torch.save([{"batch": g.batch, "non_tensor_batch": g.non_tensor_batch, "meta_info": g.meta_info}
+                    for g in groups], path)
+        return path
+
+
+def load_spilled(path: str) -> list[DataProto]:
+    """The groups `SampleQueue.spill` wrote."""
+    return [DataProto(d["batch"], d["non_tensor_batch"], d["meta_info"]) for d in torch.load(path, weights_only=False)]
