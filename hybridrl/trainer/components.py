@@ -56,6 +56,7 @@ class Components:
     is_rank0: bool
     backend: str
     startup: StartupClock
+    reward_model_group: Optional[Any] = None  # reward_model.enable: the reward model's workers (actor's processes)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -84,8 +85,9 @@ class Components:
                            reward_fn_key=cfg.data.reward_fn_key, num_examine=examine),
             cfg.reward_model.overlong_buffer, cfg.data.max_response_length) for examine in (0, t.log_val_generations))
         clock.lap("data")
-        actor, critic, rollout, rank0 = _spawn_groups(run, model_dir, total, max_rollout_rows(run, len(val)), clock)
+        actor, critic, rollout, rank0, rm = _spawn_groups(run, model_dir, total, max_rollout_rows(run, len(val)), clock)
         generation = ColocatedGeneration(actor) if rollout is None else SplitGeneration.connect(actor, rollout)
+        reward, val_reward = (_model_rewards(run, r, tokenizer, rm, generation) for r in (reward, val_reward))
         if rollout is not None:
             clock.lap("weight_broadcast")
         print(_startup_report(run, model_dir, len(train), len(val), train, total), flush=True)
@@ -104,7 +106,7 @@ class Components:
             rollout_correction=None if run.derived.algorithm.rollout_correction is None
             else RolloutCorrection.from_config(run.derived.algorithm.rollout_correction),
             total_steps=total, hf_config=actor.model_info()["hf_config"], is_rank0=rank0, backend=t.backend,
-            startup=clock,
+            startup=clock, reward_model_group=rm[0] if rm else None,
         )
 
     # ------------------------------------------------------------------ data
@@ -267,7 +269,7 @@ class Components:
 
     def close(self) -> None:
         self.tracker.finish()
-        for g in (self.rollout_group, self.critic_group, self.actor_group):
+        for g in (self.rollout_group, self.reward_model_group, self.critic_group, self.actor_group):
             if g is not None:
                 try:
                     g.shutdown()
@@ -323,9 +325,21 @@ def max_rollout_rows(run: RunConfig, n_val: int) -> int:
     return max(train_rows, val_rows)
 
 
+def _model_rewards(run: RunConfig, rule: Any, tokenizer: Any, rm: Optional[tuple[Any, str]], generation: Any) -> Any:
+    """The rule reward manager, combined with the reward model and the judge where reward_model.* enables them."""
+    from hybridrl.reward.combined import build_combined_reward
+
+    def generate(batch: DataProto) -> DataProto:  # the judge's engine backend: the weights the rollout holds now
+        return generation.generate_sequences(batch, version=getattr(generation, "version", None) or 0)
+
+    return build_combined_reward(run, rule, tokenizer, rm_group=rm[0] if rm else None, rm_dir=rm[1] if rm else "",
+                                 generate=generate)
+
+
 def _spawn_groups(run: RunConfig, model_dir: str, total_steps: int, rollout_rows: int,
-                  clock: StartupClock) -> tuple[Any, Optional[Any], Optional[Any], bool]:
-    """(actor, critic or None, the split placement's rollout group or None, whether this process is rank 0)."""
+                  clock: StartupClock) -> tuple[Any, Optional[Any], Optional[Any], bool, Optional[tuple[Any, str]]]:
+    """(actor, critic or None, the split placement's rollout group or None, whether this process is rank 0,
+    (reward model group, its folder) or None)."""
     from hybridrl.controller import RoleSpec, init_ray, make_worker_group, spawn_colocated
     from hybridrl.utils.hf_model import materialize_hf_dir
     from hybridrl.workers import ActorRolloutRefWorker, CriticWorker
@@ -335,6 +349,12 @@ def _spawn_groups(run: RunConfig, model_dir: str, total_steps: int, rollout_rows
     if d.use_critic:
         critic_dir = materialize_hf_dir(cfg.critic.model.path, cfg.critic.model.gguf_file, key="critic.model.path")
         roles["critic"] = RoleSpec(CriticWorker, (run, critic_dir, total_steps))
+    rm_dir = ""
+    if d.reward.model:
+        from hybridrl.workers.reward_model import RewardModelWorker
+
+        rm_dir = materialize_hf_dir(cfg.reward_model.model.path, None, key="reward_model.model.path")
+        roles["reward_model"] = RoleSpec(RewardModelWorker, (run, rm_dir))
     use_gpu = d.device == "cuda"
     rollout = None
     if t.backend == "ray":
@@ -374,7 +394,11 @@ def _spawn_groups(run: RunConfig, model_dir: str, total_steps: int, rollout_rows
     if critic is not None:
         critic.init_model()
         clock.lap("critic_build")
-    return actor, critic, rollout, rank0
+    reward_model = groups.get("reward_model")
+    if reward_model is not None:
+        reward_model.init_model()
+        clock.lap("reward_model_build")
+    return actor, critic, rollout, rank0, (reward_model, rm_dir) if reward_model is not None else None
 
 
 def _startup_report(run: RunConfig, model_dir: str, n_train: int, n_val: int, train: Any, total: int) -> str:

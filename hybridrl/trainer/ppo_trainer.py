@@ -97,7 +97,8 @@ class PPOTrainer:
 
     def train_step(self, rollout: Rollout, step: int) -> dict[str, float]:
         timing = dict(rollout.timing)
-        metrics: dict[str, float] = {"training/global_step": step, "training/epoch": rollout.epoch, **rollout.metrics}
+        metrics: dict[str, float] = {"training/global_step": step, "training/epoch": rollout.epoch, **rollout.metrics,
+                                     **rollout.batch.meta_info.pop("reward_metrics", {})}  # reward model, judge
         with timed(timing, "step"):
             batch = self.balance(rollout.batch, metrics)
             with timed(timing, "old_log_prob"):
@@ -150,7 +151,9 @@ class PPOTrainer:
 
     def score(self, batch: DataProto) -> DataProto:
         result = self.p.reward_fn(batch)
-        return ops.with_scores(batch, result.reward_tensor, result.reward_extra_info)
+        out = ops.with_scores(batch, result.reward_tensor, result.reward_extra_info)
+        out.meta_info["reward_metrics"] = dict(result.metrics)
+        return out
 
     def old_log_probs(self, batch: DataProto, metrics: dict[str, float]) -> DataProto:
         if self.d.algorithm.bypass_mode:
