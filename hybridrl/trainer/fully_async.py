@@ -21,6 +21,7 @@ from hybridrl.config.async_checks import AsyncPlan
 from hybridrl.protocol import DataProto
 from hybridrl.rollout.async_queue import SampleQueue, sample_lags, staleness_metrics
 
+from .batch_ops import agent_metrics
 from .dynamic_sampling import Rollout
 
 COLLECT_WAIT_S = 0.1  # how long one take_completed call waits on the workers for a finished group
@@ -162,6 +163,8 @@ class FullyAsyncStream:
         out["fully_async/queue/depth"] = float(len(self.queue))
         out["fully_async/queue/in_flight"] = float(self.submitted - self.queue.received)
         out["fully_async/dropped_stale_groups"] = float(dropped)
+        out.update(agent_metrics(batch.non_tensor_batch.get("agent_tool_calls"),
+                                 batch.non_tensor_batch.get("agent_turns")))
         out["timing_s/trainer_idle"] = wait_s
         out["trainer/idle_ratio"] = wait_s / since_last_s if since_last_s > 0 else 0.0
         stats = self.worker_stats

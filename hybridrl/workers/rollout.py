@@ -12,6 +12,7 @@ waits at the producer's gate between segments instead of for the whole generatio
 """
 from __future__ import annotations
 
+import os
 import time
 from typing import Any, Optional
 
@@ -133,6 +134,7 @@ class RolloutWorker(Worker):
             sync_timeout_s=self.run.cfg.trainer.worker_timeout_s)
         if self.version is not None:  # weights already here: open the gate on them
             self.producer.sync(lambda: None, self.version, True)
+        print(f"hybridrl: rollout rank {self.rank} producer started (pid {os.getpid()})", flush=True)
 
     @register(Dispatch.ALL_TO_ALL, blocking=False)
     def submit_prompts(self, prompts: Optional[DataProto]) -> None:
