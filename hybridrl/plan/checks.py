@@ -142,6 +142,9 @@ def _offload_fixes(p: dict[str, int], roles: tuple[str, ...], why: str) -> list[
     if p["ref_params"]:
         fixes.append(_Fix(f"{ARA}.ref.megatron.param_offload", f"{ARA}.ref.megatron.param_offload=true "
                           f"(the reference, {_gib(p['ref_params'])})", p["ref_params"]))
+    if p.get("rm_params"):  # an idle reward model's weights (phases other than reward)
+        fixes.append(_Fix("reward_model.megatron.param_offload", "reward_model.megatron.param_offload=true (the "
+                          f"reward model, {_gib(p['rm_params'])})", p["rm_params"]))
     return fixes
 
 
@@ -229,6 +232,18 @@ def _fixes_for_ref_pass(phase: Phase, run: RunConfig, shape: ModelShape) -> list
     return fixes + offload + _layout_fixes(p, run, shape, "actor")
 
 
+def _fixes_for_reward(phase: Phase, run: RunConfig) -> list[_Fix]:
+    """The reward model's forward pass beside what the idle training roles keep."""
+    p, plan = phase.parts, run.derived.reward
+    if plan.max_token_len_per_gpu is not None:
+        key, now = "reward_model.forward_max_token_len_per_gpu", plan.max_token_len_per_gpu
+    else:
+        key, now = "reward_model.micro_batch_size_per_gpu", plan.micro_batch_per_gpu
+    act = p["activations"]
+    fixes = [_Fix(key, f"a lower {key} (now {now}; its forward pass's activations are {_gib(act)})", act // 2)]
+    return fixes + [f for f in _offload_fixes(p, ("actor", "critic"), "the idle") if not f.knob.startswith("reward_")]
+
+
 def _fixes_for_rollout(phase: Phase, run: RunConfig, gpu: int) -> list[_Fix]:
     p = phase.parts
     engine = p["rollout_weights"] + p["rollout_kv_cache"] + p["rollout_activations"]
@@ -263,6 +278,9 @@ def fit_problems(plan: MemoryPlan, run: RunConfig, shape: ModelShape) -> list[Pr
     ref_pass = plan.phases.get("ref_log_prob")
     if ref_pass is not None and ref_pass.total > gpu:
         out.append(_explain(ref_pass, gpu, _fixes_for_ref_pass(ref_pass, run, shape)))
+    reward = plan.phases.get("reward")
+    if reward is not None and reward.total > gpu:
+        out.append(_explain(reward, gpu, _fixes_for_reward(reward, run)))
     rollout = plan.phases["rollout"]
     if rollout is not None and rollout.total > gpu:
         out.append(_explain(rollout, gpu, _fixes_for_rollout(rollout, run, gpu)))

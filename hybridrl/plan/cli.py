@@ -26,7 +26,7 @@ from hybridrl.config.cli import parse_command_line
 from .checks import Problem, fit_problems, shape_notes, shape_problems
 from .estimate import estimate
 from .memory import GiB
-from .model_shape import KNOWN_CONFIGS, ModelShapeError, resolve
+from .model_shape import KNOWN_CONFIGS, ModelShape, ModelShapeError, resolve
 from .report import table, to_json_dict, verdict
 
 EXIT_REFUSED = 2
@@ -40,6 +40,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="per-GPU allowance for CUDA context, NCCL buffers, allocator slack (GiB, default 3)")
     p.add_argument("--model-config", default=None, help="model folder, config.json, or built-in name")
     p.add_argument("--critic-model-config", default=None, help="the critic's, when it differs from the actor's")
+    p.add_argument("--reward-model-config", default=None,
+                   help="the reward model's (reward_model.enable); default: reward_model.model.path where it exists")
     p.add_argument("--json", action="store_true", help="print the plan as JSON (keys in hybridrl/plan/report.py)")
     p.add_argument("--search", action="store_true",
                    help="rank every layout that fits by predicted step time (hybridrl/plan/search.py)")
@@ -93,11 +95,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         shape = resolve(args.model_config or ara.model.path, ara.model.override_config)
         critic_shape = resolve(args.critic_model_config, cfg.critic.model.override_config) if args.critic_model_config else None
+        rm_shape = _reward_model_shape(args, cfg) if run.derived.reward.model else None
     except ModelShapeError as e:
         return _refuse([Problem(None, str(e))], args.json, gpu_bytes, run)
-    plan = estimate(run, shape, gpu_bytes, int(args.overhead_gb * GiB), critic_shape)
+    plan = estimate(run, shape, gpu_bytes, int(args.overhead_gb * GiB), critic_shape, rm_shape)
     problems = shape_problems(run, shape) + fit_problems(plan, run, shape)
-    notes = shape_notes(run, shape)
+    notes = shape_notes(run, shape) + plan.notes
     if args.json:
         print(json.dumps(to_json_dict(run, shape, plan, problems, notes, gpu_bytes), indent=2))
     else:
@@ -105,6 +108,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     text = verdict(plan, problems, notes, run.derived.device)
     print(text, file=sys.stderr if (problems or args.json) else sys.stdout)
     return EXIT_REFUSED if problems else 0
+
+
+def _reward_model_shape(args: argparse.Namespace, cfg) -> Optional[ModelShape]:
+    """--reward-model-config, else reward_model.model.path where it is on this machine (None: estimate's fallback)."""
+    rm = cfg.reward_model.model
+    where = args.reward_model_config or (rm.path if os.path.exists(os.path.expanduser(rm.path)) else None)
+    return resolve(where, rm.override_config) if where else None
 
 
 def _search(args: argparse.Namespace, cl, cfg, gpu_bytes: int) -> int:

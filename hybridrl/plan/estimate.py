@@ -5,6 +5,7 @@ frozen config or from `validate()`'s derived layout and batch plan (nothing is r
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Optional
 
@@ -125,11 +126,34 @@ def _rollout_memory(run: RunConfig, shape: ModelShape, gpu_memory_bytes: int) ->
     return RolloutMemory(weights, activations, kv_bytes, r.free_cache_engine), kv
 
 
+def _reward_model(run: RunConfig, shape: ModelShape, stage: int) -> tuple[RoleMemory, int]:
+    """The reward model's params on `stage` (params only, the scalar head) and its forward pass's activations."""
+    d, rm = run.derived, run.cfg.reward_model
+    layout, plan = d.reward.layout, d.reward
+    gpu = d.device == "cuda"
+    dtype_bytes = DTYPE_BYTES[rm.megatron.dtype] if gpu else 4
+    params = stage_params(shape, layout.tp, layout.pp, stage, lm_head=False, ep=layout.ep, etp=layout.expert_tp)
+    state = model_state_bytes(params, dtype_bytes, trainable=False)
+    seq = (plan.max_length or sequence_length(run)) + 1  # + the scored column (adapters/megatron/reward_model.py)
+    tokens = _tokens(plan.micro_batch_per_gpu, plan.max_token_len_per_gpu is not None,
+                     plan.max_token_len_per_gpu or 0, seq, layout.cp)
+    setup = ActivationSetup(tp=layout.tp, pp=layout.pp, vpp=layout.vpp, sequence_parallel=layout.sequence_parallel,
+                            recompute=False, act_bytes=DTYPE_BYTES[layout.dtype], train_tokens=tokens,
+                            forward_tokens=tokens, inflight=1, logits=False, etp=layout.expert_tp)
+    return RoleMemory(state, offload_params=gpu and rm.megatron.param_offload), stage_activation_parts(shape, setup, stage)[1]
+
+
 def estimate(run: RunConfig, shape: ModelShape, gpu_memory_bytes: int,
-             overhead_bytes: int = DEFAULT_OVERHEAD_BYTES, critic_shape: Optional[ModelShape] = None) -> MemoryPlan:
-    """The per-GPU memory plan of `run` for a model of `shape` on GPUs of `gpu_memory_bytes`."""
+             overhead_bytes: int = DEFAULT_OVERHEAD_BYTES, critic_shape: Optional[ModelShape] = None,
+             rm_shape: Optional[ModelShape] = None) -> MemoryPlan:
+    """The per-GPU memory plan of `run` for a model of `shape` on GPUs of `gpu_memory_bytes` (`rm_shape`: the reward
+    model's, when reward_model.enable; planned as the actor's shape, with a note, when not given)."""
     d = run.derived
     critic_shape = critic_shape or shape
+    notes = []
+    if d.reward.model and rm_shape is None:
+        rm_shape = shape
+        notes.append("the reward model is planned with the actor's shape (pass --reward-model-config for its own)")
     overhead = overhead_bytes if d.device == "cuda" else 0
     rollout, kv = _rollout_memory(run, shape, gpu_memory_bytes)
     actor_act = activation_setup(run, "actor")
@@ -148,12 +172,17 @@ def estimate(run: RunConfig, shape: ModelShape, gpu_memory_bytes: int,
             forward_activations=actor_forward,
             actor_steps_per_update=d.actor_batch.optimizer_steps_per_step,
         )
+        if d.reward.model and stage < d.reward.layout.pp:
+            rm, rm_act = _reward_model(run, rm_shape, stage)
+            s = dataclasses.replace(s, rm=rm, rm_activations=rm_act)
         for name in PHASES:
             if name in ("train_critic", "critic_step") and not d.use_critic:
                 continue
             if name == "ref_log_prob" and not (s.ref is not None and s.ref.offload_params):
                 continue
+            if name == "reward" and s.rm is None:
+                continue
             phase = Phase(name, stage, phase_parts(name, s, rollout, overhead, split=d.placement.split))
             if best[name] is None or phase.total > best[name].total:
                 best[name] = phase
-    return MemoryPlan(gpu_memory_bytes, overhead, best, kv)
+    return MemoryPlan(gpu_memory_bytes, overhead, best, kv, notes)

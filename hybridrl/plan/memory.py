@@ -64,6 +64,11 @@ Phases (each component is 0 when absent; totals are for the busiest pipeline sta
                   optimizer state without the hybrid engine), plus a forward-only pass's activations
     rollout       generation: vLLM's share + what the training roles keep after offload (a split placement,
                   actor_rollout_ref.hybrid_engine=false: one of the rollout's own GPUs, vLLM's share only)
+    reward        the reward model's forward pass (reward_model.enable): its params (params only: it never trains;
+                  P counted with the scalar head, in reward_model.megatron.dtype) beside what the idle training
+                  roles keep, plus one forward-only micro-batch of its activations (no logits); the rollout engine
+                  is asleep by then. An idle reward model keeps its params unless reward_model.megatron.param_offload
+                  (on by default)
 An idle role keeps params/grads/optimizer unless its megatron.{param,grad,optimizer}_offload is set (the
 reference has params only). During rollout the hybrid engine releases the actor's grads before vLLM wakes
 (hybridrl/hybrid/weight_sync.py, step 1); its optimizer state goes to the host only with optimizer_offload, its
@@ -89,10 +94,10 @@ DEFAULT_OVERHEAD_BYTES = 3 * GiB
 
 COMPONENTS = (
     "actor_params", "actor_grads", "actor_optimizer", "ref_params",
-    "critic_params", "critic_grads", "critic_optimizer", "activations",
+    "critic_params", "critic_grads", "critic_optimizer", "rm_params", "activations",
     "rollout_weights", "rollout_activations", "rollout_kv_cache", "optimizer_step", "overhead",
 )
-PHASES = ("train_actor", "actor_step", "train_critic", "critic_step", "ref_log_prob", "rollout")
+PHASES = ("train_actor", "actor_step", "train_critic", "critic_step", "ref_log_prob", "rollout", "reward")
 
 
 # ------------------------------------------------------------------------------------------- model state
@@ -341,6 +346,8 @@ class StageMemory:
     critic_activations: int
     forward_activations: int = 0  # the actor's forward-only pass (the reference runs the same shapes)
     actor_steps_per_update: int = 1  # optimizer steps of one update call (mini-batches x ppo_epochs)
+    rm: Optional[RoleMemory] = None  # the reward model (params only)
+    rm_activations: int = 0  # its forward-only pass
 
 
 @dataclass(frozen=True)
@@ -375,10 +382,12 @@ def phase_parts(name: str, s: StageMemory, r: RolloutMemory, overhead: int, spli
     if critic is not None:
         parts.update(_role_parts("critic", critic))
     parts["ref_params"] = ref.params if ref is not None else 0
+    if s.rm is not None:
+        parts["rm_params"] = s.rm.state.params if name == "reward" else s.rm.idle().params
     if name == "ref_log_prob" and s.ref is not None:
         parts["ref_params"] = s.ref.state.params  # onloaded for its pass
     parts["activations"] = {"train_actor": s.actor_activations, "train_critic": s.critic_activations,
-                            "ref_log_prob": s.forward_activations}.get(name, 0)
+                            "ref_log_prob": s.forward_activations, "reward": s.rm_activations}.get(name, 0)
     if name == "actor_step":
         parts["optimizer_step"] = s.actor.state.step
     if name == "critic_step" and s.critic is not None:

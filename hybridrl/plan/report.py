@@ -18,10 +18,10 @@ config itself was refused). All memory values are bytes per GPU.
                         rollout_dp, gpu_memory_utilization, free_cache_engine, use_reference, use_critic,
                         ep, etp, expert_dp, alltoall_bytes_per_layer (MoE: one layer's all-to-all receive
                         buffers of a training micro-batch, included in phases.train_actor.activations)
-    phases              {train_actor, actor_step, train_critic, critic_step, ref_log_prob, rollout}: each
+    phases              {train_actor, actor_step, train_critic, critic_step, ref_log_prob, rollout, reward}: each
                         {<component>: bytes, ..., total, stage} or null where the job has no such phase;
                         components: actor_params actor_grads actor_optimizer ref_params critic_params
-                        critic_grads critic_optimizer activations rollout_weights rollout_activations
+                        critic_grads critic_optimizer rm_params activations rollout_weights rollout_activations
                         rollout_kv_cache optimizer_step overhead; `stage` is the pipeline stage the numbers are for (the
                         busiest one of that phase)
     peak                {phase, bytes, stage}: the largest phase total

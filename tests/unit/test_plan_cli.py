@@ -31,8 +31,10 @@ def test_json_keys_are_stable(capsys):
     code, out = plan_json(capsys, "preset=7b_8gpu", "--model-config", "Qwen2.5-7B")
     assert code == 0 and out["ok"] is True and out["problems"] == []
     assert tuple(out) == KEYS and out["format"] == "hybridrl.plan/1"
-    assert set(out["phases"]) == {"train_actor", "actor_step", "train_critic", "critic_step", "ref_log_prob", "rollout"}
+    assert set(out["phases"]) == {"train_actor", "actor_step", "train_critic", "critic_step", "ref_log_prob", "rollout",
+                                  "reward"}
     assert out["phases"]["ref_log_prob"] is None  # PPO without a KL loss: no reference
+    assert out["phases"]["reward"] is None  # no reward model
     for phase in filter(None, out["phases"].values()):
         assert set(phase) == {*COMPONENTS, "total", "stage"}
         assert phase["total"] == sum(phase[c] for c in COMPONENTS)
