@@ -139,9 +139,11 @@ class WorkerScorer:
         self.last_metrics: dict[str, float] = {}
 
     def __call__(self, data: DataProto) -> torch.Tensor:
-        scores = self.group.compute_rm_score(self.inputs(data)).batch["rm_score"].float()
-        self.last_metrics = {"reward_model/truncated": float(self.inputs.truncated)} if self.inputs.rerenders else {}
-        return scores
+        out = self.group.compute_rm_score(self.inputs(data))
+        self.last_metrics = dict(out.meta_info.get("metrics", {}))  # memory/reward_peak_bytes on GPU
+        if self.inputs.rerenders:
+            self.last_metrics["reward_model/truncated"] = float(self.inputs.truncated)
+        return out.batch["rm_score"].float()
 
 
 def build_combined_reward(run: Any, rule: RewardManager, tokenizer: Any, *, rm_group: Any = None, rm_dir: str = "",
