@@ -12,6 +12,7 @@ Modules (one concern each):
     batching     mini-/micro-batch splitting (fixed size or token-packed)
     engine       schedules (1F1B under PP), optimizer, LR schedule, exact loss scaling contract
     role/actor/critic   MegatronActor (policy, or reference without optimizer), MegatronCritic
+    reward_model MegatronRewardModel: a HF *ForSequenceClassification / *ForTokenClassification scoring last tokens
     offload      params/grads/optimizer to pinned host memory and back (GPU), one host arena per kind
     pinned       page-locked host buffers of exact size (huge pages + cudaHostRegister)
     checkpoint   dist_checkpointing save/load across layouts, meta.json, RNG

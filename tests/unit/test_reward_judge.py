@@ -151,3 +151,16 @@ def test_engine_backend_judges_with_the_rollout(tmp_path, monkeypatch):
                       context=dict(tokenizer=tok, generate=generate, max_prompt_length=10))
     scores, metrics = short(["q"], ["good"], [None])  # the prompt does not fit the engine: a counted failure
     assert scores == [None] and metrics["judge/failed"] == 1
+
+
+def test_the_shipped_example_prompt_renders_and_parses():
+    import os
+
+    from hybridrl.reward.judge import JudgeTemplate, LLMJudge
+
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "rewards", "judge_prompt.txt")
+    template = JudgeTemplate.from_file(path)
+    text = template.render("2+2?", "4", "4")
+    assert "Question:\n2+2?" in text and "Answer to grade:\n4" in text and "{" not in text
+    judge = LLMJudge(JudgeConfig(enable=True, prompt_path=path), backend=lambda prompts: [], template=template)
+    assert judge.parse("The sum is right.\nScore: 7") == pytest.approx(0.7)
