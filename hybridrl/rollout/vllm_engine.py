@@ -54,6 +54,35 @@ def capture_sizes(max_rows: Optional[int], max_num_seqs: int) -> Optional[list[i
     return [s for s in CAPTURE_GRID if s <= top]
 
 
+def llm_extra_kwargs(engine_kwargs: Optional[dict[str, Any]], *, record_routing: bool, moe: bool,
+                     cudagraph_capture_sizes: Optional[Sequence[int]]) -> dict[str, Any]:
+    """vllm.LLM's keyword arguments beyond the ones every engine passes: the user's engine_kwargs.vllm, with our
+    defaults under them wherever the user set nothing (a user's own value always wins)."""
+    kwargs = dict(engine_kwargs or {})
+    # NCCL for the replica's all-reduces: vLLM's custom all-reduce maps tp ranks to CUDA_VISIBLE_DEVICES
+    # positions, which fails wherever a process does not see its peers' GPUs (a Ray actor restricted to its own
+    # GPU, seen on 2 x H200).
+    kwargs.setdefault("disable_custom_all_reduce", True)
+    if record_routing:  # MoE: every token's experts come back with each completion (vLLM >= 0.26)
+        kwargs["enable_return_routed_experts"] = True
+    if moe:
+        # Triton keeps w13 as loaded ([gate; up] per expert); FlashInfer's kernels re-lay it out after the
+        # first load, and a later sync's load_weights or direct copy would then write the old layout.
+        kwargs.setdefault("moe_backend", "triton")
+    compilation = dict(kwargs.pop("compilation_config", None) or {})
+    if cudagraph_capture_sizes and "max_cudagraph_capture_size" not in compilation:
+        compilation.setdefault("cudagraph_capture_sizes", sorted(set(cudagraph_capture_sizes)))
+    # vLLM's compile pass that fuses the tp all-reduce with the next RMSNorm (FlashInfer's one-shot all-reduce,
+    # on by default for tp > 1 on Hopper) crashed every tp_g 2 and 4 engine of the colocated trainer while
+    # warming up (illegal memory access, or CUBLAS_STATUS_INTERNAL_ERROR on the next cuBLAS call; 4 x H200,
+    # 2026-11-27, vLLM 0.26.0); with the pass off, the same runs trained (four_gpu.md).
+    passes = dict(compilation.get("pass_config") or {})
+    passes.setdefault("fuse_allreduce_rms", False)
+    compilation["pass_config"] = passes
+    kwargs["compilation_config"] = compilation
+    return kwargs
+
+
 def default_cache_root() -> str:
     """vLLM's cache root (torch.compile artifacts) beside hybridrl's model cache, unless VLLM_CACHE_ROOT is set:
     vLLM keys each compiled graph by config, code and model path, so a second run of the same job on this
@@ -115,24 +144,11 @@ class VLLMRolloutEngine(RolloutEngine):
         self.tp_size = tp_size
         self.pad_token_id = pad_token_id
         self.eos_token_ids = tuple(eos_token_ids)
-        kwargs = dict(engine_kwargs or {})
-        # NCCL for the replica's all-reduces unless engine_kwargs.vllm asks otherwise: vLLM's custom
-        # all-reduce maps tp ranks to CUDA_VISIBLE_DEVICES positions, which fails wherever a process does
-        # not see its peers' GPUs (a Ray actor restricted to its own GPU, seen on 2 x H200).
-        kwargs.setdefault("disable_custom_all_reduce", True)
-        if record_routing:  # MoE: every token's experts come back with each completion (vLLM >= 0.26)
-            kwargs["enable_return_routed_experts"] = True
-        if _num_experts(_read_config(model_dir)):
-            # Triton keeps w13 as loaded ([gate; up] per expert); FlashInfer's kernels re-lay it out after the
-            # first load, and a later sync's load_weights or direct copy would then write the old layout.
-            kwargs.setdefault("moe_backend", "triton")
+        kwargs = llm_extra_kwargs(engine_kwargs, record_routing=record_routing,
+                                  moe=bool(_num_experts(_read_config(model_dir))),
+                                  cudagraph_capture_sizes=None if enforce_eager else cudagraph_capture_sizes)
         self.record_routing = record_routing
         self.per_request_seed = per_request_seed
-        if cudagraph_capture_sizes and not enforce_eager:
-            compilation = dict(kwargs.pop("compilation_config", None) or {})
-            if "max_cudagraph_capture_size" not in compilation:  # the user's own vLLM setting wins
-                compilation.setdefault("cudagraph_capture_sizes", sorted(set(cudagraph_capture_sizes)))
-            kwargs["compilation_config"] = compilation
         # vLLM reads its environment once, when its first engine starts: the cache root must be set before
         os.environ.setdefault("VLLM_CACHE_ROOT", default_cache_root())
         self._startup = _StartupLog()
