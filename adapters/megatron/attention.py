@@ -24,16 +24,7 @@ from typing import Any, Optional
 import torch
 import torch.nn.functional as F
 
-SDPA_BACKENDS = ("auto", "flash", "fused")
-MEGATRON_BACKENDS = ("unfused", "local")
-BACKENDS = SDPA_BACKENDS + MEGATRON_BACKENDS
-
-
-def backend_name(value: Any) -> str:
-    """'auto' for None, the member name for megatron's AttnBackend enum, else the string itself."""
-    if value is None:
-        return "auto"
-    return getattr(value, "name", value)
+from hybridrl.config.attention_backends import SDPA_BACKENDS, backend_name
 
 
 def uses_sdpa(config: Any) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 from dataclasses import dataclass
 from typing import Iterator, Optional, Sequence
@@ -36,6 +37,29 @@ def parse_command_line(argv: Sequence[str], default_config: str = "ppo_trainer")
     if unknown:
         parser.error(f"unrecognized options {unknown}; config values are passed as key=value")
     return CommandLine(rest, args.config_name, args.config_path, args.cfg)
+
+
+def normalize_argv(argv: list[str]) -> list[str]:
+    """`hybridrl train --config FILE --preset NAME` spelled as main_ppo arguments."""
+    out, it = [], iter(argv)
+    for a in it:
+        if a == "--preset" or a.startswith("--preset="):
+            out.append("preset=" + _value(a, it, "--preset NAME (a file of configs/parallel/, e.g. 7b_8gpu)"))
+        elif a == "--config" or a.startswith("--config="):
+            path = _value(a, it, "--config FILE (a YAML config)")
+            out += ["--config-path", os.path.dirname(os.path.abspath(path)), "--config-name", os.path.basename(path)]
+        else:
+            out.append(a)
+    return out
+
+
+def _value(arg: str, rest, wanted: str) -> str:
+    """The value of `--flag=V` or `--flag V`; a missing one exits 2 saying what to give."""
+    value = arg.split("=", 1)[1] if "=" in arg else next(rest, None)
+    if not value or value.startswith("-") or "=" in value and "=" not in arg:
+        print(f"hybridrl: {arg.split('=')[0]} needs a value: {wanted}", file=sys.stderr)
+        raise SystemExit(2)
+    return value
 
 
 def load_run(argv: Sequence[str], default_config: str = "ppo_trainer") -> tuple[CommandLine, RunConfig]:

@@ -24,6 +24,7 @@ from typing import Any, Iterable, Optional
 
 import yaml
 
+from ..utils.errors import ConfigError
 from .schema import Link, PPOConfig
 
 CONFIG_DIR = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", "configs"))
@@ -67,10 +68,6 @@ def fold_aliases(data: dict, where: str) -> dict:
                           f"{sorted(clash)}; they are one setting here: keep one")
     data["custom_reward_function"] = {**old, **moved}
     return data
-
-
-class ConfigError(ValueError):
-    """A user-facing config mistake; the message names the key and the fix."""
 
 
 # ------------------------------------------------------------------------------------------ schema walk

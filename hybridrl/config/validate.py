@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from .algorithm_checks import AlgorithmPlan, check_algorithm
+from .attention_backends import BACKENDS, backend_name
 from .lora_checks import check_lora
 from .placement import Placement, check_placement
 from .problems import Problems as _Problems
@@ -195,8 +196,6 @@ def _check_transformer_overrides(key: str, m: MegatronConfig, p: _Problems) -> N
     overrides = m.override_transformer_config or {}
     if not overrides:
         return
-    from hybridrl.adapters.megatron.attention import BACKENDS, backend_name
-
     if "attention_backend" in overrides:  # backend_name: null means auto, as in the adapter
         _choices(f"{key}.override_transformer_config.attention_backend", backend_name(overrides["attention_backend"]),
                  list(BACKENDS), p)

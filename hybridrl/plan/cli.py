@@ -21,7 +21,7 @@ import sys
 from typing import Optional, Sequence
 
 from hybridrl.config import ConfigError, load_config, validate
-from hybridrl.config.cli import parse_command_line
+from hybridrl.config.cli import normalize_argv, parse_command_line
 
 from .checks import Problem, fit_problems, shape_notes, shape_problems
 from .estimate import estimate
@@ -52,13 +52,6 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _normalize(argv: list[str]) -> list[str]:
-    """`--preset NAME` and `--config FILE` as `hybridrl train` spells them."""
-    from hybridrl.trainer.main_ppo import normalize_argv
-
-    return normalize_argv(argv)
-
-
 def _is_placeholder(path: str) -> bool:
     """The schema's default model path (verl's deepseek-llm-7b placeholder), absent here: the user named no model."""
     from hybridrl.config.schema.actor import ModelConfig
@@ -77,7 +70,7 @@ def _refuse(problems: list[Problem], as_json: bool, gpu_bytes: int, run=None, sh
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args, rest = _parser().parse_known_args(list(sys.argv[1:] if argv is None else argv))
     gpu_bytes = int(args.gpu_mem_gb * GiB)
-    cl = parse_command_line(_normalize(rest))
+    cl = parse_command_line(normalize_argv(rest))  # --preset, --config as `hybridrl train`
     try:
         cfg = load_config(cl.overrides, cl.config_name, cl.config_path)
         # plan for GPUs (with transformer-engine where asked) unless trainer.device=cpu

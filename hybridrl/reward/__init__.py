@@ -1,7 +1,6 @@
 """Rewards: rule scorers (gsm8k, math, arithmetic), dispatch by data_source, reward managers
 (naive, batch, dapo, and user-registered ones), DAPO's overlong buffer and loading custom_reward_function
-by path. Model-based rewards: combined.py (rule + reward model + judge, per data source), rm_inputs.py (what the reward
-model reads), judge.py / judge_endpoint.py (LLM-as-judge, JUDGE_BACKENDS)."""
+by path. Model-based rewards (reward model, judge, their combination with these) are in hybridrl.model_rewards."""
 from .loading import load_custom_reward_fn, load_reward_fn
 from .managers import (
                        REWARD_MANAGERS,

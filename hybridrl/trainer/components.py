@@ -327,7 +327,7 @@ def max_rollout_rows(run: RunConfig, n_val: int) -> int:
 
 def _model_rewards(run: RunConfig, rule: Any, tokenizer: Any, rm: Optional[tuple[Any, str]], generation: Any) -> Any:
     """The rule reward manager, combined with the reward model and the judge where reward_model.* enables them."""
-    from hybridrl.reward.combined import build_combined_reward
+    from hybridrl.model_rewards.combined import build_combined_reward
 
     def generate(batch: DataProto) -> DataProto:  # the judge's engine backend: the weights the rollout holds now
         return generation.generate_sequences(batch, version=getattr(generation, "version", None) or 0)

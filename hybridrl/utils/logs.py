@@ -13,6 +13,8 @@ import logging
 import os
 import sys
 
+from .errors import ConfigError
+
 LEVEL_ENV = "HYBRIDRL_LOG_LEVEL"
 # Set by the trainer's driver for its run (and forwarded to the workers as HYBRIDRL_LOG_LEVEL is): the file that
 # other packages' warnings go to, so that the console shows hybridrl's lines (route_warnings below).
@@ -39,8 +41,6 @@ class _Stderr(logging.StreamHandler):
 def setup() -> None:
     """Idempotent; raises ConfigError naming HYBRIDRL_LOG_LEVEL when it holds no level name (the entry points
     print it as they print config mistakes, exit status 2)."""
-    from hybridrl.config.loader import ConfigError  # here: config.cli imports this module
-
     level = os.environ.get(LEVEL_ENV, "INFO").strip().upper()
     if level not in LEVELS:
         raise ConfigError(f"{LEVEL_ENV}={os.environ[LEVEL_ENV]!r}: use one of {', '.join(LEVELS)}")

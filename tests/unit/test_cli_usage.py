@@ -3,7 +3,7 @@ which value, and `plan` never plans for verl's placeholder model without saying 
 import pytest
 
 from hybridrl.__main__ import main as hybridrl_main
-from hybridrl.trainer.main_ppo import normalize_argv
+from hybridrl.config.cli import normalize_argv
 
 
 def test_no_subcommand_prints_usage_and_exits_2(capsys):

@@ -10,10 +10,10 @@ import pytest
 import yaml
 
 from hybridrl.config import load_config, to_dict, validate
+from hybridrl.config.cli import normalize_argv
 from hybridrl.config.loader import PRESET_DIR
 from hybridrl.plan import GiB, estimate, fit_problems, resolve, shape_problems
 from hybridrl.plan.cli import main as plan_main
-from hybridrl.trainer.main_ppo import normalize_argv
 
 TINY = "tiny"  # replaced by a config.json written in the test
 # name: (model, GPU GiB, (world, tp, pp, dp, rollout tp))

@@ -12,10 +12,10 @@ from hybridrl.config.loader import load_config
 from hybridrl.config.reward_checks import CombineRule, RewardPlan
 from hybridrl.config.validate import validate
 from hybridrl.data.tokenizer import build_tiny_tokenizer
+from hybridrl.model_rewards.combined import CombinedReward, combine
+from hybridrl.model_rewards.rm_inputs import RewardInputs, tokenizers_differ
 from hybridrl.protocol import DataProto
-from hybridrl.reward.combined import CombinedReward, combine
 from hybridrl.reward.managers import RewardManager, RewardOutput
-from hybridrl.reward.rm_inputs import RewardInputs, tokenizers_differ
 
 CPU = lambda: False  # noqa: E731
 BASE = ["data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
@@ -146,7 +146,7 @@ def test_reward_model_config_validates_and_names_keys(tmp_path):
 
 
 def test_rule_only_jobs_keep_the_rule_manager():
-    from hybridrl.reward.combined import build_combined_reward
+    from hybridrl.model_rewards.combined import build_combined_reward
 
     run = validate(load_config(BASE), cuda_available=CPU)
     rule = FixedRule()

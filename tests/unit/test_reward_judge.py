@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from hybridrl.config.schema.reward import JudgeConfig
-from hybridrl.reward.judge import JudgeError, build_judge
+from hybridrl.model_rewards.judge import JudgeError, build_judge
 
 
 class Stub:
@@ -108,7 +108,7 @@ def test_failures_are_counted_and_logged_never_zero(server, tmp_path, monkeypatc
     stub, url = server
     judge = judge_for(tmp_path, url, monkeypatch, max_retries=1)
     stub.fail = {"bad": ["500", "500"]}
-    with caplog.at_level(logging.WARNING, logger="hybridrl.reward.judge"):
+    with caplog.at_level(logging.WARNING, logger="hybridrl.model_rewards.judge"):
         scores, metrics = judge(["q", "q"], ["good", "bad"], [None, None])
     assert scores[0] == pytest.approx(0.9) and scores[1] is None  # left out, not scored 0
     assert metrics["judge/failed"] == 1
@@ -156,7 +156,7 @@ def test_engine_backend_judges_with_the_rollout(tmp_path, monkeypatch):
 def test_the_shipped_example_prompt_renders_and_parses():
     import os
 
-    from hybridrl.reward.judge import JudgeTemplate, LLMJudge
+    from hybridrl.model_rewards.judge import JudgeTemplate, LLMJudge
 
     path = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "rewards", "judge_prompt.txt")
     template = JudgeTemplate.from_file(path)

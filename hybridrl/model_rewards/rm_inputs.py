@@ -14,8 +14,7 @@ from typing import Any, Optional
 import torch
 
 from hybridrl.protocol import DataProto
-
-from .managers import last_valid_positions, response_mask_of
+from hybridrl.reward.managers import last_valid_positions, response_mask_of
 
 
 def tokenizers_differ(a: Any, b: Any) -> bool:

@@ -25,8 +25,7 @@ import torch
 
 from hybridrl.config.reward_checks import CombineRule, RewardPlan
 from hybridrl.protocol import DataProto
-
-from .managers import RewardManager, RewardOutput, last_valid_positions, response_mask_of
+from hybridrl.reward.managers import RewardManager, RewardOutput, last_valid_positions, response_mask_of
 
 ModelScorer = Callable[[DataProto], torch.Tensor]
 
