@@ -58,6 +58,11 @@ JOBS = {
     # a model one GPU cannot hold (14.8B x 18 bytes of training state): the 7B job, random init
     "14b": Job(16, 8, 256, (f"{ARA}.actor.use_kl_loss=false", f"{ARA}.actor.load_weight=false")),
     "tiny": Job(4, 4, 16, (f"{ARA}.actor.use_kl_loss=true",)),
+    # the same shapes at the batch sizes of verl's GRPO examples (hundreds of prompts a step): 4x the sequences, so
+    # a GPU of four still decodes as many sequences at once as one GPU did in the small jobs (a decode step's fixed
+    # cost, ~2 ms, is paid per GPU and does not shrink with fewer sequences: four_gpu.md 2026-11-27 4 x H200)
+    "1.5b_big": Job(128, 8, 256, (f"{ARA}.actor.use_kl_loss=true",)),
+    "7b_big": Job(64, 8, 256, (f"{ARA}.actor.use_kl_loss=false", f"{ARA}.actor.load_weight=false")),
 }
 
 
@@ -70,6 +75,11 @@ class Run:
     what: str = ""
     knobs_80gb: tuple[str, ...] = ()  # added on GPUs under 100 GiB (H100): what the plan needs there
     search: bool = False  # the layout `hybridrl plan --search` ranks first on this machine (run_one asks it)
+    job: str = ""  # the JOBS entry when it is not the shape's own
+
+    @property
+    def job_name(self) -> str:
+        return self.job or self.shape
 
     def overrides(self, gib: float = 140.0) -> list[str]:
         if self.search:
@@ -102,6 +112,13 @@ RUNS: dict[str, Run] = {
     "7b_tp2dp2": Run("7b", 4, (f"{TP}=2", f"{RTP}=2"), SEVEN_B_SHARDED, "7B tp2 x dp2 -> vLLM tp_g2 x dp_g2",
                      (OPT_OFFLOAD,)),
     "7b_tp4": Run("7b", 4, (f"{TP}=4", f"{RTP}=4"), SEVEN_B_SHARDED, "7B tp4 -> vLLM tp_g4"),
+    "1p5b_big_1gpu": Run("1.5b", 1, (), (TOKENS_1P5B,), "1.5B, 128 prompts x 8 on one GPU", job="1.5b_big"),
+    "1p5b_big_dp4": Run("1.5b", 4, (), (TOKENS_1P5B,), "1.5B, 128 prompts x 8, dp4 -> tp_g1 x dp_g4", job="1.5b_big"),
+    "7b_big_1gpu": Run("7b", 1, (), SEVEN_B_ONE_GPU, "7B, 64 prompts x 8 on one GPU (offloads, recompute)", job="7b_big"),
+    "7b_big_tp2dp2": Run("7b", 4, (f"{TP}=2", f"{RTP}=2"), SEVEN_B_SHARDED, "7B, 64 prompts x 8, tp2 x dp2 -> tp_g2 x dp_g2",
+                         (OPT_OFFLOAD,), job="7b_big"),
+    "7b_big_rdp4": Run("7b", 4, (f"{TP}=2",), SEVEN_B_SHARDED, "7B, 64 prompts x 8, tp2 x dp2 -> tp_g1 x dp_g4",
+                       (OPT_OFFLOAD,), job="7b_big"),
     "7b_pp2dp2_rdp4": Run("7b", 4, (f"{PP}=2",), SEVEN_B_SHARDED, "7B pp2 x dp2 -> vLLM tp_g1 x dp_g4",
                           (OPT_OFFLOAD, RECOMPUTE)),
     # 14B (266 GB of training state): in the layout `hybridrl plan --search` ranks first on the machine at hand
@@ -161,7 +178,7 @@ def model_dir(shape: str, models: str) -> str:
 
 def trainer_overrides(run: Run, model: str, folder: str, steps: int, max_time_s: float, cpu: bool,
                       gib: float = 140.0) -> list[str]:
-    job = JOBS[run.shape]
+    job = JOBS[run.job_name]
     device = ([f"{ARA}.rollout.name=torch", "trainer.device=cpu"] if cpu
               else [f"{ARA}.rollout.name=vllm", "trainer.device=cuda", f"{ARA}.rollout.gpu_memory_utilization=0.4"])
     return ["--config-name", "grpo_trainer", f"{ARA}.model.path={model}", f"data.train_files={model}/data/train.parquet",
@@ -226,7 +243,7 @@ def run_one(name: str, args: argparse.Namespace, deadline: float) -> Optional[in
             return None
         overrides += pick
     plan = plan_for(overrides, gib, env, folder)
-    info = {"name": label, "run": name, "tag": args.tag, "extra_overrides": args.override, "shape": run.shape, "model_shape": run.shape, "gpus": run.gpus, "what": run.what,
+    info = {"name": label, "run": name, "tag": args.tag, "extra_overrides": args.override, "shape": run.job_name, "model_shape": run.shape, "gpus": run.gpus, "what": run.what,
             "layout": layout_of(overrides, run.gpus), "device": device, "gpu_memory_gib": gib,
             "cuda_visible_devices": env.get("CUDA_VISIBLE_DEVICES"), "overrides": overrides,
             "command": " ".join([sys.executable, "-m", "hybridrl.trainer.main_ppo", *overrides]),
@@ -325,17 +342,23 @@ def comparisons(runs: dict[str, dict[str, Any]]) -> dict[str, Optional[float]]:
     def ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
         return a / b if a and b else None
 
+    def base(name: str, sfx: str) -> Optional[float]:
+        """The one-GPU run of the same tag, else the untagged one (a tag whose override changes nothing on one
+        GPU, such as a tp_g > 1 engine setting, has no one-GPU run of its own)."""
+        return per_gpu(name + sfx) or per_gpu(name)
+
     m: dict[str, Optional[float]] = {}
     for sfx in sorted({"." + r["tag"] if r.get("tag") else "" for r in runs.values()}):  # each --tag its own set
-        for dp in (2, 4):
-            if f"1p5b_dp{dp}{sfx}" in runs:
-                m[f"dp{dp}_scaling{sfx}"] = ratio(per_gpu(f"1p5b_dp{dp}{sfx}"), per_gpu(f"1p5b_1gpu{sfx}"))
+        for prefix, job in (("1p5b", ""), ("1p5b_big", "_big")):
+            for dp in (2, 4):
+                if f"{prefix}_dp{dp}{sfx}" in runs:
+                    m[f"dp{dp}_scaling{job}{sfx}"] = ratio(per_gpu(f"{prefix}_dp{dp}{sfx}"), base(f"{prefix}_1gpu", sfx))
         for name, r in runs.items():
-            if r.get("shape") == "7b" and r.get("gpus", 1) > 1 and name.endswith(sfx) and (sfx or "." not in name):
-                m[f"tokens_per_s_per_gpu_{name}_vs_1gpu"] = ratio(per_gpu(name), per_gpu(f"7b_1gpu{sfx}"))
-    for name in ("7b_tp2", "7b_tp2dp2"):
-        if name in runs:
-            m[f"train_mfu_{name}"] = runs[name].get("mfu_forward_backward")
+            if r.get("shape") in ("7b", "7b_big") and r.get("gpus", 1) > 1 and name.endswith(sfx) and (sfx or "." not in name):
+                m[f"tokens_per_s_per_gpu_{name}_vs_1gpu"] = ratio(per_gpu(name), base(f"{r['shape']}_1gpu", sfx))
+    for name, r in runs.items():
+        if name.split(".")[0] in ("7b_tp2", "7b_tp2dp2", "7b_big_tp2dp2") and r.get("mfu_forward_backward") is not None:
+            m[f"train_mfu_{name}"] = r["mfu_forward_backward"]
     for name, r in runs.items():  # the model one GPU cannot hold: measured peak over the plan in every phase
         if r.get("shape") == "14b":
             phases = [r.get(f"{k}_measured_over_plan") for k in ("train", "rollout", "ref")]
