@@ -11,7 +11,8 @@ the first pinning of host memory):
   step_s_median/_min/_max   timing_s/step
   <phase>_s                 median timing_s/<phase> of the step's parts (STEP_PHASES; other_s is what the
                             step spent outside them) and of gen's (GEN_PHASES: generation itself, the weight
-                            sync into vLLM with its checks, moving the training state out and back, sleep)
+                            sync into vLLM with its checks (reshard; its engine_wake_weights inside), waking the
+                            KV cache, moving the training state out and back, sleep)
   tokens_per_s_per_gpu      median perf/throughput (prompt + response tokens of the step / step time / GPUs)
   startup_s                 timing_s/startup (logged with step 1)
   train_peak_bytes          max memory/train_peak_bytes over all steps: device memory resident when the actor
@@ -45,7 +46,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from hybridrl.plan.report import update_peak_total  # noqa: E402
 
 STEP_PHASES = ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor")
-GEN_PHASES = ("generate", "reshard", "offload", "onload", "engine_sleep")
+GEN_PHASES = ("generate", "reshard", "engine_wake_weights", "engine_wake_kv_cache", "offload", "onload", "engine_sleep")
 GiB = 2 ** 30
 
 

@@ -114,6 +114,7 @@ class WeightSync:
         metrics["timing_s/reshard_wait"] = _wait_for_peers()
         start = time.perf_counter()
         self._wake(["weights"])
+        metrics["timing_s/engine_wake_weights"] = time.perf_counter() - start
         sent = SentChecksums(step, self.options.check_fraction, self.engine.weight_dtype, self.engine.checksum_terms)
         first = self._all_names is None
         metrics.update(self._stream(sent))
@@ -127,7 +128,9 @@ class WeightSync:
         if self.options.param_offload:
             metrics["offload/params_bytes"] = float(self.actor.offload(params=True, grads=False, optimizer=False).params_bytes)
             self._offloaded["params"] = True
+        wake_kv = time.perf_counter()
         self._wake(["kv_cache"])
+        metrics["timing_s/engine_wake_kv_cache"] = time.perf_counter() - wake_kv
         metrics["memory/rollout_used_bytes"] = float(device_memory_used())  # the rollout phase's peak footprint
         for kind, nbytes in torch_memory_counts().items():  # where it lives, when it grows from step to step
             metrics[f"memory/rollout_torch_{kind}_bytes"] = float(nbytes)
