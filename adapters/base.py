@@ -99,8 +99,8 @@ class ActorModel(ModelRole):
         `names`: only these HF weights (every rank passes the same set); None: all of them."""
 
     def weight_regions(self) -> Optional[list[WeightRegion]]:
-        """This rank's pieces of every HF weight as views of its live parameters, in the same order on
-        every rank, or None where the rank does not hold all of them (e.g. pipeline stages)."""
+        """This rank's pieces of the HF weights as views of its live parameters (under pipeline or expert
+        parallelism only what this rank holds), in a fixed order; None where they cannot serve as copy sources."""
         return None
 
 

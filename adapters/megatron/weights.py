@@ -11,8 +11,8 @@ and do the same work independently. This is also what the rollout weight sync ca
 Routed experts (MoE) are split over the expert-tensor-parallel group and spread over the expert-parallel
 group: the owner's etp ranks all-gather an expert's shards, then the ep ranks all-gather the bucket's
 experts (one collective per bucket), so every rank again ends with every expert.
-`local_regions` (no communication): what this rank's own shards hold of each HF weight, as views,
-for the rollout's direct copy when the engine's layout matches the training layout.
+`local_regions` (no communication): what this rank's own shards hold of each HF weight, as views, for the
+rollout's direct copy (of this rank's pieces, and of other ranks' pieces over the cross-GPU copy).
 """
 from __future__ import annotations
 
@@ -189,10 +189,9 @@ def _buckets(entries: list[Entry], wanted: Optional[set[str]], itemsize: int, bu
 
 def local_regions(chunks: list[torch.nn.Module], arch: ModelArch, layout: ParallelLayout,
                   value_head: bool = False) -> Optional[list[WeightRegion]]:
-    """Every exported HF weight's pieces in this rank's shards (views of the live parameters), in
-    plan order; None under pipeline parallelism, where a rank holds only its stage's layers."""
-    if layout.pp > 1:
-        return None
+    """Every exported HF weight's pieces in this rank's shards (views of the live parameters), in plan order.
+    Under pipeline parallelism only this stage's layers: the direct copy then plans the rest from the other
+    stages' pieces (hybridrl.hybrid.remote)."""
     tp_rank, pp_rank = _ranks()
     params = _params(chunks)
     out = []

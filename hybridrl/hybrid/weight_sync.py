@@ -10,15 +10,18 @@ Ordering (every rank runs it; the export is collective, so all ranks take the sa
     2. engine.wake_up(["weights"])           re-allocate the engine's weight buffers
     3a. direct.run()                         weights proven copyable (direct.py): actor shard views ->
                                              engine weight views, no export, no extra memory
+        remote.run()                         the pieces other ranks hold (remote.py): packed by their owner,
+                                             exchanged point to point, one staging bucket alive at a time
     3b. for bucket in actor.export_weights(bucket_bytes, the other names):
            record checksums of the sampled tensors (sender side), engine.load_weights(bucket)
                                              one bucket alive at a time: the loop drops its reference
                                              before asking the export for the next one, so the peak is
                                              training shards + one bucket + the engine's own copy
     4. engine.finish_weight_sync()           the engine fails if a weight was not sent
-       (first sync only: prove the direct copy against what load_weights wrote; all ranks agree)
+       (first sync only: prove the direct and cross-GPU copies against what load_weights wrote; all ranks agree)
     5. checks: engine.weight_checksums(sampled names) vs the sender's sums -> WeightSyncError naming it;
-       directly copied weights: the engine's destination sums vs the actor's source sums
+       directly copied weights: the engine's destination sums vs the actor's source sums (for pieces
+       that came from another rank, vs the sender's sums)
     6. actor.offload(params)                 only with param_offload: the export needed them until here
     7. engine.wake_up(["kv_cache"])          KV cache last, into the memory the actor gave up
   (generate)
@@ -52,6 +55,7 @@ from hybridrl.utils.device import device_memory_used, synchronize, torch_memory_
 from .checks import SentChecksums, WeightSyncError, compare_checksums
 from .direct import DirectCopy, prove
 from .plan import ReshardPlan
+from .remote import RemoteCopy, plan_remote
 
 MB = 1 << 20
 log = logging.getLogger(__name__)
@@ -101,6 +105,7 @@ class WeightSync:
         self._offloaded: Optional[dict[str, bool]] = None  # what push() offloaded, for release()
         self._described = False
         self._direct: Optional[DirectCopy] = None  # set after the first sync proved it
+        self._remote: Optional[RemoteCopy] = None  # the pieces other ranks hold, proven with the direct copy
         self._all_names: Optional[frozenset[str]] = None  # every weight the first (full) sync streamed
 
     # ------------------------------------------------------------------ the phases
@@ -192,11 +197,17 @@ class WeightSync:
 
     def _stream(self, sent: SentChecksums) -> dict[str, float]:
         start = time.perf_counter()
-        direct, names = self._direct, None
+        direct, remote, names = self._direct, self._remote, None
+        copied_names: set[str] = set()
         if direct is not None:
             direct.run()
-            self.engine.weights_copied(direct.names)
-            names = self._all_names - direct.names
+            copied_names |= direct.names
+        if remote is not None:
+            remote.run()
+            copied_names |= remote.names
+        if direct is not None or remote is not None:
+            self.engine.weights_copied(copied_names)
+            names = self._all_names - copied_names
         seen: set[str] = set()
         total = buckets = tensors = biggest = 0
         if names is None:
@@ -209,14 +220,21 @@ class WeightSync:
             self.engine.load_weights(bucket)
             total, buckets, tensors, biggest = total + size, buckets + 1, tensors + len(bucket), max(biggest, size)
             del bucket  # before the export builds the next one: never two buckets alive
-        if buckets == 0 and direct is None:
+        if buckets == 0 and direct is None and remote is None:
             raise WeightSyncError("actor.export_weights yielded no weights")
         if self._all_names is None:
             self._all_names = frozenset(seen)
         synchronize()  # the weights are in when the copies have run, not when they were queued
-        copied = direct.bytes if direct is not None else 0
+        # direct_bytes: written into the engine without the export (local copies + what came from other ranks);
+        # remote_bytes: the part of them this rank received (the cross-GPU copy's floor is these over NCCL)
+        received = remote.recv_bytes if remote is not None else 0
+        copied = (direct.bytes if direct is not None else 0) + received
         return {"timing_s/reshard_stream": time.perf_counter() - start, "reshard/bytes": float(total + copied),
                 "reshard/direct_bytes": float(copied), "reshard/direct_graph": float(direct is not None and direct.graphed),
+                "reshard/remote_bytes": float(received),
+                "reshard/remote_sent_bytes": float(remote.sent_bytes if remote is not None else 0),
+                "reshard/remote_rounds": float(len(remote.rounds) if remote is not None else 0),
+                "reshard/remote_staging_bytes": float(remote.staging_bytes if remote is not None else 0),
                 "reshard/buckets": float(buckets),
                 "reshard/tensors": float(tensors), "reshard/max_bucket_bytes": float(biggest)}
 
@@ -226,13 +244,20 @@ class WeightSync:
         if regions is None:
             return {}
         start = time.perf_counter()
-        self._direct = prove(regions, self.engine.weight_views(regions), self._group_of)
+        direct = prove(regions, self.engine.weight_views(regions), self._group_of)
+        pairs = direct.pairs
+        if _world() > 1:  # what the engine needs beyond this rank's own shards where the layouts differ
+            local, self._remote = plan_remote(regions, self.engine, direct.names, self._group_of,
+                                              self.options.bucket_bytes)
+            pairs = pairs + local
+        self._direct = DirectCopy(pairs) if pairs else None
+        copied = (self._direct.names if self._direct else set()) | (self._remote.names if self._remote else set())
         # bytes are per rank: under tp each rank copies only its shard, so they are no share of the streamed bytes
         log.info("direct weight copy: %d of %d weights proven against load_weights (%.1f MiB per rank copied in "
-                 "place from now on); %d stream through the export", len(self._direct.names), len(self._all_names),
-                 self._direct.bytes / 2**20, len(self._all_names - self._direct.names))
-        if not self._direct.pairs:
-            self._direct = None
+                 "place, %.1f MiB of it from other ranks, from now on); %d stream through the export", len(copied),
+                 len(self._all_names), ((self._direct.bytes if self._direct else 0)
+                                        + (self._remote.recv_bytes if self._remote else 0)) / 2**20,
+                 (self._remote.recv_bytes if self._remote else 0) / 2**20, len(self._all_names - copied))
         return {"timing_s/direct_prove": time.perf_counter() - start}
 
     def _group_of(self, name: str) -> str:
@@ -242,17 +267,23 @@ class WeightSync:
     def _check(self, sent: SentChecksums, step: int) -> dict[str, float]:
         start = time.perf_counter()
         metrics = {"sync_check/tensors_checked": 0.0, "sync_check/max_rel_diff": 0.0}
-        if sent.names() or self._direct is None:
+        if sent.names() or (self._direct is None and self._remote is None):
             engine_sums = self.engine.weight_checksums(sent.names())
             metrics.update(compare_checksums(sent, engine_sums, rtol=self.engine.checksum_rtol))
         if self._direct is not None:
             metrics.update(self._direct.check(step, self.options.check_fraction, self._group_of))
+        if self._remote is not None:
+            metrics.update(self._remote.check(step, self.options.check_fraction))
         metrics["timing_s/sync_check"] = time.perf_counter() - start
         return metrics
 
 
 class WakeOutOfMemory(MemoryError):
     """The engine could not take its memory back beside what training keeps on the GPU."""
+
+
+def _world() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def _rank() -> int:

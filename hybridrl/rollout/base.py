@@ -124,6 +124,15 @@ class RolloutEngine(ABC):
         Default: no views (every weight streams through load_weights)."""
         return [None] * len(regions)
 
+    def piece_views(self, pieces: Sequence["WeightPiece"]) -> list[Optional["PieceView"]]:
+        """For each piece of an HF weight that SOME rank's actor holds (every rank's, each distinct piece once,
+        so a weight's pieces are disjoint), the part of it this engine holds here: PieceView(lo, hi, view) with
+        `view` shaped like HF[name].narrow(dim, lo, hi - lo); lo == hi (no view) where it holds none of it. A
+        weight gets PieceViews only if its pieces together cover every element of it this engine holds, else
+        None for all of them. The cross-GPU copy (hybridrl.hybrid.remote) fills what other ranks hold through
+        it. Default: None (every such weight streams through load_weights)."""
+        return [None] * len(pieces)
+
     def weights_copied(self, names: Iterable[str]) -> None:
         """The named weights were written through weight_views in this sync (finish_weight_sync's bookkeeping)."""
         return None
@@ -153,6 +162,60 @@ class RolloutEngine(ABC):
     def startup_times(self) -> dict[str, float]:
         """Seconds of named parts of this engine's start-up (hybridrl.trainer.startup); default: none."""
         return {}
+
+
+@dataclass(frozen=True)
+class WeightPiece:
+    """HF[name].narrow(dim, start, stop - start) of a full HF tensor of `shape`: what one rank's actor holds of a
+    weight, as metadata (no tensor), so every rank can ask its engine where another rank's piece lands."""
+
+    name: str
+    dim: int
+    start: int
+    stop: int
+    shape: tuple[int, ...]
+
+    def narrowed(self, lo: int, hi: int) -> tuple[int, ...]:
+        """The shape of HF[name].narrow(dim, lo, hi - lo)."""
+        return self.shape[:self.dim] + (hi - lo,) + self.shape[self.dim + 1:]
+
+
+@dataclass(frozen=True)
+class PieceView:
+    """The part [lo, hi) (along the piece's dim) of a WeightPiece that an engine holds, and where: `view` is
+    shaped like HF[name].narrow(dim, lo, hi - lo); None when lo == hi (the engine holds none of the piece)."""
+
+    lo: int
+    hi: int
+    view: Optional[torch.Tensor] = None
+
+    @property
+    def numel(self) -> int:
+        return 0 if self.view is None else self.view.numel()
+
+
+def piece_view(target: torch.Tensor, dim: int, lo: int, hi: int, want: tuple[int, ...], offset: int = 0
+               ) -> Optional[PieceView]:
+    """PieceView of rows [lo, hi) of `target` along `dim` (starting at `offset` in it), or None if the view's
+    shape is not the piece's."""
+    if hi <= lo:
+        return PieceView(lo, lo)
+    view = target.narrow(dim, offset, hi - lo)
+    return PieceView(lo, hi, view) if tuple(view.shape) == want else None
+
+
+def covering_pieces(placed: list[tuple[Hashable, Optional[PieceView]]], held: dict[Hashable, int]
+                    ) -> list[Optional[PieceView]]:
+    """`piece_views`' rule: a key's PieceViews stand only if none of its pieces failed (None) and together they
+    cover the `held[key]` elements the engine holds for it here."""
+    got: dict[Hashable, int] = {}
+    failed: set[Hashable] = set()
+    for key, piece in placed:
+        if piece is None:
+            failed.add(key)
+        else:
+            got[key] = got.get(key, 0) + piece.numel
+    return [piece if key not in failed and got.get(key, 0) == held.get(key) else None for key, piece in placed]
 
 
 def shaped_view(view: torch.Tensor, shape: torch.Size) -> Optional[torch.Tensor]:

@@ -29,11 +29,15 @@ from .assemble import assemble_rollout
 from .base import (
     ROLLOUT_ENGINES,
     EngineMemory,
+    PieceView,
     RolloutEngine,
     SamplingParams,
     TokenOutput,
+    WeightPiece,
+    covering_pieces,
     covering_views,
     eos_token_ids,
+    piece_view,
     shaped_view,
 )
 from .request_batcher import RequestBatcher
@@ -128,6 +132,17 @@ class TorchRolloutEngine(RolloutEngine):
                 view = shaped_view(target.narrow(r.dim, r.start, r.stop - r.start), r.src.shape)
             placed.append((r.name, view))
         return covering_views(placed, {name: p.numel() for name, p in self._params.items()})
+
+    def piece_views(self, pieces: Sequence[WeightPiece]) -> list[Optional[PieceView]]:
+        """Full tensors on every rank: every piece lands whole; a weight's pieces must cover all of it."""
+        placed: list[tuple[str, Optional[PieceView]]] = []
+        for p in pieces:
+            target = self._params.get(p.name)
+            view = None
+            if target is not None and tuple(target.shape) == p.shape:
+                view = piece_view(target, p.dim, p.start, p.stop, p.narrowed(p.start, p.stop), p.start)
+            placed.append((p.name, view))
+        return covering_pieces(placed, {name: t.numel() for name, t in self._params.items()})
 
     def weights_copied(self, names: Iterable[str]) -> None:
         self._require_awake("weights", "weights_copied")

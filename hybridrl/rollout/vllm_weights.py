@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
-from .base import covering_views, shaped_view
+from .base import PieceView, WeightPiece, covering_pieces, covering_views, piece_view, shaped_view
 
 if TYPE_CHECKING:
     from hybridrl.adapters.base import WeightRegion
@@ -48,24 +48,42 @@ def _expert_params(params: dict[str, torch.Tensor]) -> dict[tuple[str, str], str
     return out
 
 
-def _place_expert(p: torch.Tensor, r: WeightRegion, expert: int, member: Optional[int], experts: int, tp: int,
-                  rank: int) -> tuple[Optional[torch.Tensor], int]:
-    """(view of vLLM's fused expert parameter `p` holding region r, HF elements of r's weight held here)."""
+def _expert_block(p: torch.Tensor, expert: int, member: Optional[int], experts: int, tp: int, rank: int,
+                  extent: int) -> tuple[Optional[int], int, int, int, int, int]:
+    """Where vLLM's fused expert parameter `p` holds an expert's member: (index in p or None when this rank holds
+    no such expert, dim, lo, n, offset, held): HF elements [lo, lo + n) of the member along `dim` sit at
+    `offset` along that dim of p[index]; `held` = HF elements of the member held here."""
     local = p.shape[0]
     e = expert if local == experts else expert - rank * local  # expert parallel: a block of experts per rank
     if not 0 <= e < local:
+        return None, 0, 0, 0, 0, 0
+    dim = 0 if member is not None else 1  # gate/up: rows of [f, h]; down: columns of [h, f]
+    n = p.shape[1] // 2 if member is not None else p.shape[2]
+    lo = rank * n if tp > 1 and n < extent else 0
+    held = n * (p.shape[2] if member is not None else p.shape[1])
+    return e, dim, lo, n, (member * n if member is not None else 0), held
+
+
+def _place_expert(p: torch.Tensor, r: WeightRegion, expert: int, member: Optional[int], experts: int, tp: int,
+                  rank: int) -> tuple[Optional[torch.Tensor], int]:
+    """(view of vLLM's fused expert parameter `p` holding region r, HF elements of r's weight held here)."""
+    e, dim, lo, n, offset, held = _expert_block(p, expert, member, experts, tp, rank, r.extent)
+    if e is None:
         return None, 0
-    ffn_dim = 0 if member is not None else 1  # gate/up: rows of [f, h]; down: columns of [h, f]
-    f_local = p.shape[1] // 2 if member is not None else p.shape[2]
-    lo = rank * f_local if tp > 1 and f_local < r.extent else 0
-    held = f_local * (p.shape[2] if member is not None else p.shape[1])
-    if r.dim != ffn_dim or r.start < lo or r.stop > lo + f_local:
+    if r.dim != dim or r.start < lo or r.stop > lo + n:
         return None, held
-    if member is not None:
-        view = p[e].narrow(0, member * f_local + r.start - lo, r.stop - r.start)
-    else:
-        view = p[e].narrow(1, r.start - lo, r.stop - r.start)
-    return shaped_view(view, r.src.shape), held
+    return shaped_view(p[e].narrow(dim, offset + r.start - lo, r.stop - r.start), r.src.shape), held
+
+
+def _place_expert_piece(p: torch.Tensor, piece: WeightPiece, expert: int, member: Optional[int], experts: int,
+                        tp: int, rank: int) -> tuple[Optional[PieceView], int]:
+    e, dim, lo, n, offset, held = _expert_block(p, expert, member, experts, tp, rank, piece.shape[piece.dim])
+    if e is None:
+        return PieceView(piece.start, piece.start), 0
+    if piece.dim != dim:
+        return None, held
+    a, b = max(piece.start, lo), min(piece.stop, lo + n)
+    return piece_view(p[e], dim, a, b, piece.narrowed(a, b), offset + a - lo), held
 
 
 def _num_experts(hf: Any) -> int:
@@ -79,6 +97,22 @@ def _vllm_name(hf_name: str) -> tuple[str, int, int]:
             if f".{m}." in hf_name:
                 return hf_name.replace(f".{m}.", f".{fused}."), i, len(members)
     return hf_name, 0, 1
+
+
+def _target(params: dict[str, torch.Tensor], fused_experts: dict, name: str, extent: int,
+            fused_rows: dict[str, tuple[int, ...]], experts: int) -> tuple[tuple, Optional[torch.Tensor], Any]:
+    """(key of the (parameter, member) holding HF weight `name`, the parameter or None, how it is laid out:
+    ("expert", expert, member) for routed experts, else ("dense", fused rows or None, member))."""
+    expert = _expert_of(name) if experts else None
+    if expert is not None:
+        prefix, e, member, _ = expert
+        vname = fused_experts.get((prefix, "w13" if member is not None else "w2"))
+        return (vname, e, member), params.get(vname) if vname is not None else None, ("expert", e, member)
+    vname, member, _ = _vllm_name(name)
+    fused = vname.split(".")[-2]
+    # gate_up members have their weight's own rows (the dense MLP's or a shared expert's intermediate size)
+    rows = (extent, extent) if fused == "gate_up_proj" else fused_rows.get(fused)
+    return (vname, member), params.get(vname), ("dense", rows, member)
 
 
 def _weight_views(model: torch.nn.Module, regions: list[WeightRegion], tp: int, rank: int,
@@ -96,51 +130,82 @@ def _weight_views(model: torch.nn.Module, regions: list[WeightRegion], tp: int, 
     placed: list[tuple[tuple, Optional[torch.Tensor]]] = []
     need: dict[tuple, int] = {}
     for r in regions:
-        expert = _expert_of(r.name) if experts else None
-        if expert is not None:
-            prefix, e, member, _ = expert
-            vname = fused_experts.get((prefix, "w13" if member is not None else "w2"))
-            key = (vname, e, member)
-            if vname is None:
-                placed.append((key, None))
-                continue
-            view, need[key] = _place_expert(params[vname], r, e, member, experts, tp, rank)
-            placed.append((key, view))
-            continue
-        vname, member, _ = _vllm_name(r.name)
-        p = params.get(vname)
-        key = (vname, member)
+        key, p, (kind, a, member) = _target(params, fused_experts, r.name, r.extent, fused_rows, experts)
         if p is None:
             placed.append((key, None))
             continue
-        fused = vname.split(".")[-2]
-        # gate_up members have their weight's own rows (the dense MLP's or a shared expert's intermediate size)
-        rows = (r.extent, r.extent) if fused == "gate_up_proj" else fused_rows.get(fused)
-        view, need[key] = _place(p, r, rows, member, tp, rank)
+        if kind == "expert":
+            view, need[key] = _place_expert(p, r, a, member, experts, tp, rank)
+        else:
+            view, need[key] = _place(p, r, a, member, tp, rank)
         placed.append((key, view))
     return covering_views(placed, need)
+
+
+def _piece_views(model: torch.nn.Module, pieces: list[WeightPiece], tp: int, rank: int,
+                 fused_rows: dict[str, tuple[int, ...]], experts: int = 0) -> list[Optional[PieceView]]:
+    """RolloutEngine.piece_views: the same layout as `_weight_views`, for pieces any rank holds: each piece's
+    intersection with this rank's block (a piece may straddle blocks, e.g. a tp=1 actor's whole q_proj at tp_g=2)."""
+    params = dict(model.named_parameters())
+    fused_experts = _expert_params(params) if experts else {}
+    placed: list[tuple[tuple, Optional[PieceView]]] = []
+    need: dict[tuple, int] = {}
+    for piece in pieces:
+        key, p, (kind, a, member) = _target(params, fused_experts, piece.name, piece.shape[piece.dim], fused_rows,
+                                            experts)
+        if p is None:
+            placed.append((key, None))
+            continue
+        if kind == "expert":
+            view, need[key] = _place_expert_piece(p, piece, a, member, experts, tp, rank)
+        else:
+            view, need[key] = _place_piece(p, piece, a, member, tp, rank)
+        placed.append((key, view))
+    return covering_pieces(placed, need)
+
+
+def _block(p: torch.Tensor, dim: int, extent: int, fused: Optional[tuple[int, ...]], member: int, tp: int,
+           rank: int) -> Optional[tuple[int, int, int, int, int]]:
+    """Where `p` holds an HF weight of `extent` along `dim`: (dim, lo, n, offset, held): HF elements [lo, lo + n)
+    along dim sit at `offset` in p; `held` = HF elements of the weight held here. None: not a plain split."""
+    if fused is not None:  # members stacked along dim 0, each split over tp
+        if any(rows % tp for rows in fused):
+            return None  # replicated kv heads: not a plain split
+        local = [rows // tp for rows in fused]
+        dim, lo, n, offset = 0, rank * local[member], local[member], sum(local[:member])
+    else:
+        if p.dim() <= dim:
+            return None
+        # From shapes, not vLLM's tp attributes: linear weights carry both output_dim and input_dim
+        # whichever they shard, and the tied embedding carried neither at tp_g=2.
+        lo = rank * p.shape[dim] if tp > 1 and p.shape[dim] < extent else 0  # a tp block, or all of it
+        n, offset = p.shape[dim], 0
+    held = max(0, min(lo + n, extent) - lo) * (p.numel() // p.shape[dim])  # rows past the extent: padding
+    return dim, lo, n, offset, held
 
 
 def _place(p: torch.Tensor, r: WeightRegion, fused: Optional[tuple[int, ...]], member: int, tp: int,
            rank: int) -> tuple[Optional[torch.Tensor], int]:
     """(the view of `p` holding region r, the number of HF elements of r's weight that `p` holds here)."""
-    if fused is not None:  # members stacked along dim 0, each split over tp
-        if any(rows % tp for rows in fused):
-            return None, -1  # replicated kv heads: not a plain split
-        local = [rows // tp for rows in fused]
-        dim, lo, n, offset = 0, rank * local[member], local[member], sum(local[:member])
-    else:
-        dim = r.dim
-        if p.dim() <= dim:
-            return None, -1
-        # From shapes, not vLLM's tp attributes: linear weights carry both output_dim and input_dim
-        # whichever they shard, and the tied embedding carried neither at tp_g=2.
-        lo = rank * p.shape[dim] if tp > 1 and p.shape[dim] < r.extent else 0  # a tp block, or all of it
-        n, offset = p.shape[dim], 0
-    held = max(0, min(lo + n, r.extent) - lo) * (p.numel() // p.shape[dim])  # rows past the extent: padding
+    block = _block(p, r.dim, r.extent, fused, member, tp, rank)
+    if block is None:
+        return None, -1
+    dim, lo, n, offset, held = block
     if r.dim != dim or r.start < lo or r.stop > lo + n:
         return None, held
     return shaped_view(p.narrow(dim, offset + r.start - lo, r.stop - r.start), r.src.shape), held
+
+
+def _place_piece(p: torch.Tensor, piece: WeightPiece, fused: Optional[tuple[int, ...]], member: int, tp: int,
+                 rank: int) -> tuple[Optional[PieceView], int]:
+    block = _block(p, piece.dim, piece.shape[piece.dim], fused, member, tp, rank)
+    if block is None:
+        return None, -1
+    dim, lo, n, offset, held = block
+    if piece.dim != dim:
+        return None, held
+    a, b = max(piece.start, lo), min(piece.stop, lo + n)
+    return piece_view(p, dim, a, b, piece.narrowed(a, b), offset + a - lo), held
 
 
 def _local_sums(model: torch.nn.Module, hf_names: list[str], tp_size: int) -> dict[str, float]:

@@ -162,7 +162,9 @@ def sync_generate_check(actor, engine, ref_engine, reference, hf_cfg, layout, tp
     sync = syncs[tp_g]
     checking = sync.actor
     checking.names, checking.mismatches = [], []  # this sync's (reports keep the previous lists)
-    direct = sorted(sync._direct.names) if sync._direct is not None else []  # what this sync copies directly
+    # what this sync copies directly: from this rank's shards, or (remote) from other ranks' (hybridrl.hybrid.remote)
+    direct = sorted((sync._direct.names if sync._direct is not None else set())
+                    | (sync._remote.names if sync._remote is not None else set()))
     prompts = make_prompts(hf_cfg.vocab_size)
     chunk = prompts[plan.prompt_slice(len(prompts), replica)]
     sampling = SAMPLING.with_(seed=1000 * step + replica)  # one seed per replica: its ranks must agree
@@ -180,6 +182,7 @@ def sync_generate_check(actor, engine, ref_engine, reference, hf_cfg, layout, tp
         "duplicates": len(checking.names) - len(set(checking.names)),
         "same_as_hf_engine": all(torch.equal(out.batch[k], expected.batch[k]) for k in ("responses", "rollout_log_probs")),
         "engine_equals_hf": all(torch.equal(engine.named_weights()[k], v) for k, v in reference.items()),
+        "reference_names": sorted(reference),
         "responses_by_rank": by_rank, "bucket_bytes": BUCKET_BYTES, "gap": gap,
         "metrics": {k: v for k, v in metrics.items() if not k.startswith("timing")},
     }

@@ -1,0 +1,99 @@
+"""The cross-GPU direct copy (hybridrl.hybrid.remote) over gloo: a tiny random Qwen2 (tied embeddings, qkv bias)
+goes HF safetensors -> MegatronActor on 4 ranks in tp2 x dp2 (rollout tp_g1 x dp_g4), pp2 x dp2 (tp_g2 and
+tp_g1) and tp2 x pp2 (tp_g2) -> WeightSync -> the torch rollout engine, which holds the full model on every rank,
+so every layout needs pieces that other ranks hold. One torchrun launch (tests/dist/hybrid_helpers/cross_run.py);
+after a PPO update the second sync of each WeightSync must:
+  * leave the engine's weights bitwise equal to the actor's bucketed export of the trained weights (full HF
+    tensors through the tp all-gathers and pp broadcasts: a path the cross copy does not use);
+  * have taken the cross-GPU path for every weight (no export bucket, bytes received from other ranks, staging
+    bounded by the bucket size) and passed its sampled checks;
+  * give rollout log-probs equal to the actor's (fp32, < 1e-5);
+and a remote piece corrupted after it landed must be named by the check on that rank; with
+direct_weight_copy=false every weight streams through the export again.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_hybrid_reshard import save_tiny
+from transformers import Qwen2Config
+
+REPO = Path(__file__).resolve().parents[2]
+HELPERS = Path(__file__).parent / "hybrid_helpers"
+WORLD = 4
+TIMEOUT_S = 180
+BUCKET_BYTES = 48 * 1024  # cross_run.BUCKET_BYTES
+ROWS = [(2, 1, 1), (1, 2, 2), (1, 2, 1), (2, 2, 2)]  # (tp, pp, tp_g), as cross_run.LAYOUTS runs them
+
+pytestmark = pytest.mark.dist
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory) -> list[list[dict]]:
+    root = tmp_path_factory.mktemp("cross")
+    common = dict(vocab_size=160, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=64, eos_token_id=1, pad_token_id=0,
+                  initializer_range=0.1)
+    hf_dir = save_tiny(root / "qwen2", Qwen2Config(tie_word_embeddings=True, use_sliding_window=False, **common))
+    out = root / "out"
+    out.mkdir()
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={WORLD}", "--standalone",
+           str(HELPERS / "cross_run.py"), str(out), hf_dir]
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(REPO), str(HELPERS), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-6000:]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
+
+
+def where(rank: int, r: dict) -> str:
+    return f"rank {rank}: tp={r['tp']} pp={r['pp']} dp={r['dp']} -> tp_g={r['tp_g']}"
+
+
+@pytest.mark.timeout(TIMEOUT_S + 60)
+def test_after_an_update_the_engine_equals_the_export_bitwise_through_the_cross_gpu_copy(reports):
+    for rank, runs in enumerate(reports):
+        assert [(r["tp"], r["pp"], r["tp_g"]) for r in runs] == ROWS
+        for r in runs:
+            m = r["metrics"]
+            assert r["update_applied"] == 1.0, where(rank, r)
+            assert r["reference_tensors"] == 26 and r["mismatches"] == [], where(rank, r)  # every weight, bitwise
+            # nothing streamed: the local pieces and the pieces from other ranks wrote every weight
+            assert m["reshard/buckets"] == 0 and m["reshard/direct_bytes"] == m["reshard/bytes"], where(rank, r)
+            assert m["reshard/bytes"] == r["first_metrics"]["reshard/bytes"], where(rank, r)  # the whole model
+            # this rank received what it does not hold: at tp2 about half of each split weight, under pp2 the other
+            # stage's layers; never the whole model, never nothing
+            assert 0.3 * m["reshard/bytes"] < m["reshard/remote_bytes"] < 0.85 * m["reshard/bytes"], where(rank, r)
+            assert r["first_metrics"]["reshard/remote_bytes"] == 0, where(rank, r)  # the proof sync streams
+            assert 0 < m["reshard/remote_staging_bytes"] <= BUCKET_BYTES and m["reshard/remote_rounds"] > 1, where(rank, r)
+            assert m["sync_check/remote_checked"] > 0 and m["sync_check/direct_checked"] > 0, where(rank, r)
+            assert m["sync_check/tensors_checked"] == 0, where(rank, r)  # nothing went through the export's check
+            assert r["remote_names"], where(rank, r)
+
+
+@pytest.mark.timeout(TIMEOUT_S + 60)
+def test_rollout_log_probs_equal_the_actors_after_the_cross_gpu_copy(reports):
+    for rank, runs in enumerate(reports):
+        for r in runs:
+            assert r["gap"]["rollout_vs_actor/logprob_abs_diff_max"] < 1e-5, where(rank, r)
+
+
+@pytest.mark.timeout(TIMEOUT_S + 60)
+def test_a_corrupted_remote_piece_is_named_and_direct_copy_off_streams_everything(reports):
+    for rank, runs in enumerate(reports):
+        for r in runs:
+            if "corruption_caught" not in r:
+                continue
+            if rank == 1:  # cross_run.CORRUPT_RANK
+                assert "the cross-GPU copy of" in r["corruption_caught"] and "did not land on rank 1" in \
+                    r["corruption_caught"], where(rank, r)
+            else:
+                assert r["corruption_caught"] == "", where(rank, r)
+            off = r["direct_off_metrics"]
+            assert off["reshard/remote_bytes"] == 0 and off["reshard/direct_bytes"] == 0, where(rank, r)
+            assert off["reshard/buckets"] > 1 and off["reshard/tensors"] == 26, where(rank, r)
