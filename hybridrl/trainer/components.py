@@ -10,45 +10,50 @@ import dataclasses
 import json
 import os
 import time
-from typing import Any, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 import torch
 
-from hybridrl.algos import AdvantageParams, RolloutCorrection, build_kl_controller
+from hybridrl.algos import AdvantageParams, KLController, RolloutCorrection, build_kl_controller
 from hybridrl.config import RunConfig
 from hybridrl.config.loader import to_dict
+from hybridrl.config.schema.algorithm import AlgorithmConfig
+from hybridrl.controller import WorkerGroup
 from hybridrl.protocol import DataProto
+from hybridrl.reward import RewardManager, RewardOutput
 
-from .batch_ops import add_group_ids
 from .checkpoint_manager import CheckpointManager, TrainerState, find_resume_path, load_trainer_state, restore_rng_state
-from .dynamic_sampling import RolloutStream
-from .fully_async import FullyAsyncStream
 from .generation import ColocatedGeneration, SplitGeneration
 from .generation_dump import generation_records, write_generations
 from .metrics import causal_training_flops, compute_mfu, peak_flops_for
-from .one_step_off import OneStepOffStream
 from .progress import ProgressBar
+from .sampling import Generation, RewardFn, Sampler
 from .startup import StartupClock
 from .tracking import Tracker
+
+if TYPE_CHECKING:  # the data and tokenizer packages load in build(), once the config is known to be valid
+    from transformers import PreTrainedTokenizerBase
+
+    from hybridrl.data.loader import PromptLoader
 
 
 @dataclasses.dataclass
 class Components:
     run: RunConfig
     model_dir: str
-    tokenizer: Any
-    train_loader: Any
-    val_loader: Any
-    reward_fn: Any
-    val_reward_fn: Any
-    actor_group: Any
-    critic_group: Optional[Any]
-    generation: Any  # generation.py: ColocatedGeneration, or SplitGeneration over rollout_group
-    rollout_group: Optional[Any]  # split placement: the rollout's own workers
-    tracker: Any
+    tokenizer: "PreTrainedTokenizerBase"
+    train_loader: "PromptLoader"
+    val_loader: "PromptLoader"
+    sampler: Sampler  # generates training samples on `generation` and scores them with the training reward
+    val_reward_fn: RewardFn
+    actor_group: WorkerGroup
+    critic_group: Optional[WorkerGroup]
+    generation: Generation  # the colocated hybrid engine, or SplitGeneration over rollout_group
+    rollout_group: Optional[WorkerGroup]  # split placement: the rollout's own workers
+    tracker: Tracker
     ckpt: CheckpointManager
     progress: ProgressBar
-    kl_ctrl: Any
+    kl_ctrl: KLController
     adv_params: AdvantageParams
     rollout_correction: Optional[RolloutCorrection]  # effective settings (validate.py); None: off
     total_steps: int
@@ -56,7 +61,7 @@ class Components:
     is_rank0: bool
     backend: str
     startup: StartupClock
-    reward_model_group: Optional[Any] = None  # reward_model.enable: the reward model's workers (actor's processes)
+    reward_model_group: Optional[WorkerGroup] = None  # reward_model.enable: the reward model's workers (actor's processes)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -97,7 +102,7 @@ class Components:
         kc = cfg.algorithm.kl_ctrl
         return cls(
             run=run, model_dir=model_dir, tokenizer=tokenizer, train_loader=train_loader, val_loader=val_loader,
-            reward_fn=reward, val_reward_fn=val_reward, actor_group=actor, critic_group=critic,
+            sampler=Sampler(generation, reward, cfg.actor_rollout_ref.rollout.temperature), val_reward_fn=val_reward, actor_group=actor, critic_group=critic,
             generation=generation, rollout_group=rollout, tracker=tracker,
             ckpt=CheckpointManager.from_config(t, cfg), progress=ProgressBar.from_config(t, total) if rank0 else
             ProgressBar(total, enabled=False),
@@ -110,39 +115,6 @@ class Components:
         )
 
     # ------------------------------------------------------------------ data
-    def rollouts(self, done_steps: int, generate: Callable[[DataProto, int, int], DataProto],
-                 score: Callable[[DataProto], DataProto], start: Callable[[DataProto, int], Any],
-                 finish: Callable[[Any], DataProto]) -> "RolloutStream | OneStepOffStream | FullyAsyncStream":
-        """One generated and scored batch per remaining step (dynamic_sampling.py: DAPO's filter when on;
-        one_step_off.py: generated one step ahead, with trainer.one_step_off_policy; fully_async.py: taken from
-        the continuously fed queue, with async_training.enable)."""
-        steps = max(self.total_steps - done_steps, 0)
-        if self.run.derived.placement.fully_async:
-            return self.fully_async_stream(done_steps, steps, score)
-        if self.run.derived.placement.one_step_off:
-            return OneStepOffStream(self.prompt_batches(), start, finish, score, start_step=done_steps, steps=steps,
-                                    snapshot=self.train_loader.state_dict)
-        fg = self.run.cfg.algorithm.filter_groups
-        return RolloutStream(self.prompt_batches(), generate, score, start_step=done_steps,
-                             steps=steps,
-                             train_batch_size=self.run.cfg.data.train_batch_size,
-                             filter_metric=fg.metric if fg.enable else None, max_num_gen_batches=fg.max_num_gen_batches)
-
-    def fully_async_stream(self, done_steps: int, steps: int, score: Callable[[DataProto], DataProto]
-                           ) -> FullyAsyncStream:
-        cfg = self.run.cfg
-
-        def prepare(prompts: DataProto, draw: int) -> DataProto:
-            prompts = add_group_ids(prompts)
-            prompts.meta_info.update(step=done_steps, draw=draw, validate=False)
-            return prompts
-
-        spill = os.path.join(os.path.expanduser(cfg.trainer.default_local_dir), cfg.async_training.queue_samples_dir)
-        return FullyAsyncStream(self.prompt_batches(), self.rollout_group, self.run.derived.placement.fully_async,
-                                prepare=prepare, push=self.generation.push, score=score, start_step=done_steps,
-                                steps=steps, temperature=cfg.actor_rollout_ref.rollout.temperature, spill_dir=spill,
-                                call_timeout_s=cfg.trainer.worker_timeout_s)
-
     def prompt_batches(self) -> Iterator[DataProto]:
         """Training prompt batches from where the loader stands, epochs rolling over (the rollout stream
         decides how many it takes: one per step, more with dynamic sampling)."""
@@ -231,11 +203,11 @@ class Components:
                                         dict(prompts.non_tensor_batch), {"greedy": True, "validate": True})
         out = self.generation.generate_sequences(greedy_in, version=version)
         out.meta_info.pop("metrics", None)
-        scores = self.reward_fn(out).reward_tensor.sum(-1)
+        scores = self.sampler.reward_fn(out).reward_tensor.sum(-1)
         by_uid = dict(zip(list(first), scores.tolist()))
         return torch.tensor([by_uid[u] for u in batch.non_tensor_batch["uid"]], dtype=torch.float32)
 
-    def dump_validation(self, out: DataProto, result: Any, step: int, first: bool) -> None:
+    def dump_validation(self, out: DataProto, result: RewardOutput, step: int, first: bool) -> None:
         """trainer.validation_data_dir: {step}.jsonl in verl's format; `first` starts the step's file afresh."""
         t = self.run.cfg.trainer
         if self.is_rank0 and t.validation_data_dir:
@@ -281,7 +253,7 @@ class Components:
             shutdown_ray()
 
 
-def advantage_params(algorithm: Any) -> AdvantageParams:
+def advantage_params(algorithm: AlgorithmConfig) -> AdvantageParams:
     """algorithm.* -> the estimators' parameters."""
     return AdvantageParams(gamma=algorithm.gamma, lam=algorithm.lam,
                            norm_adv_by_std_in_grpo=algorithm.norm_adv_by_std_in_grpo,
@@ -325,7 +297,8 @@ def max_rollout_rows(run: RunConfig, n_val: int) -> int:
     return max(train_rows, val_rows)
 
 
-def _model_rewards(run: RunConfig, rule: Any, tokenizer: Any, rm: Optional[tuple[Any, str]], generation: Any) -> Any:
+def _model_rewards(run: RunConfig, rule: RewardManager, tokenizer: "PreTrainedTokenizerBase",
+                   rm: Optional[tuple[WorkerGroup, str]], generation: Generation) -> RewardFn:
     """The rule reward manager, combined with the reward model and the judge where reward_model.* enables them."""
     from hybridrl.model_rewards.combined import build_combined_reward
 
@@ -337,7 +310,8 @@ def _model_rewards(run: RunConfig, rule: Any, tokenizer: Any, rm: Optional[tuple
 
 
 def _spawn_groups(run: RunConfig, model_dir: str, total_steps: int, rollout_rows: int,
-                  clock: StartupClock) -> tuple[Any, Optional[Any], Optional[Any], bool, Optional[tuple[Any, str]]]:
+                  clock: StartupClock) -> tuple[WorkerGroup, Optional[WorkerGroup], Optional[WorkerGroup], bool,
+                                                Optional[tuple[WorkerGroup, str]]]:
     """(actor, critic or None, the split placement's rollout group or None, whether this process is rank 0,
     (reward model group, its folder) or None)."""
     from hybridrl.controller import RoleSpec, init_ray, make_worker_group, spawn_colocated
@@ -359,13 +333,15 @@ def _spawn_groups(run: RunConfig, model_dir: str, total_steps: int, rollout_rows
     rollout = None
     if t.backend == "ray":
         from hybridrl.controller import ResourcePool
+        from hybridrl.controller.runtime_env import cpus_per_process, joins_cluster
 
         ray_init = dict(cfg.ray_kwargs.ray_init)
         processes = d.world_size + d.placement.rollout_world
         num_cpus = ray_init.pop("num_cpus", None) or max(os.cpu_count() or 1, processes)
         init_ray(num_cpus=num_cpus, **{k: v for k, v in ray_init.items() if v is not None})
         clock.lap("ray_init")
-        per_process = 1.0 if use_gpu else min(1.0, num_cpus / processes)
+        joined = joins_cluster(ray_init.get("address"))
+        per_process = 1.0 if use_gpu else cpus_per_process(num_cpus, processes, t.n_gpus_per_node, joined)
         pool = ResourcePool([t.n_gpus_per_node] * t.nnodes, use_gpu=use_gpu, num_cpus_per_process=per_process)
         groups = spawn_colocated(pool, roles, backend="ray", call_timeout_s=t.worker_timeout_s,
                                  dist_timeout_s=t.dist_timeout_s)

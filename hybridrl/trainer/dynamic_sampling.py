@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence
 
 from hybridrl.protocol import DataProto
+
+if TYPE_CHECKING:
+    from .sampling import Sampler
 
 SCORE_METRICS = ("reward", "seq_reward", "seq_final_reward")  # the summed score (KL in reward is applied later)
 
@@ -57,16 +60,12 @@ def filter_values(batch: DataProto, metric: str) -> list[float]:
 
 
 class RolloutStream:
-    """Iterates Rollouts for `steps` training steps starting after `start_step`.
+    """Iterates Rollouts for `steps` training steps starting after `start_step`, each generated on the weights
+    after the updates of the steps before it (version step - 1) and scored by `sampler`."""
 
-    `generate(prompts, step, draw)` returns the generated samples of a prompt batch (`draw` counts the
-    generation batches of one step, for distinct sampling seeds) and `score(batch)` adds the rewards.
-    """
-
-    def __init__(self, prompts: Iterator[DataProto], generate: Callable[[DataProto, int, int], DataProto],
-                 score: Callable[[DataProto], DataProto], *, start_step: int, steps: int, train_batch_size: int,
-                 filter_metric: Optional[str] = None, max_num_gen_batches: int = 0) -> None:
-        self.prompts, self.generate, self.score = prompts, generate, score
+    def __init__(self, prompts: Iterator[DataProto], sampler: "Sampler", *, start_step: int, steps: int,
+                 train_batch_size: int, filter_metric: Optional[str] = None, max_num_gen_batches: int = 0) -> None:
+        self.prompts, self.sampler = prompts, sampler
         self.start_step, self.steps = start_step, steps
         self.groups = train_batch_size
         self.metric, self.max_gen = filter_metric, max_num_gen_batches
@@ -93,11 +92,11 @@ class RolloutStream:
             if prompts is None:
                 return None
             start = time.perf_counter()
-            batch = self.generate(prompts, step, draws)
+            batch = self.sampler.generate(prompts, step, draws, version=step - 1)
             metrics.update(batch.meta_info.pop("metrics", {}))
             timing["gen"] += time.perf_counter() - start
             start = time.perf_counter()
-            batch = self.score(batch)
+            batch = self.sampler.score(batch)
             timing["reward"] += time.perf_counter() - start
             draws += 1
             epoch = prompts.meta_info.get("epoch", 0)

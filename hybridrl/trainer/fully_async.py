@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Iterator, Optional
 
 from hybridrl.config.async_checks import AsyncPlan
 from hybridrl.protocol import DataProto
@@ -24,23 +24,25 @@ from hybridrl.rollout.async_queue import SampleQueue, sample_lags, staleness_met
 from .batch_ops import agent_metrics
 from .dynamic_sampling import Rollout
 
+if TYPE_CHECKING:
+    from .generation import SplitGeneration
+    from .sampling import Sampler
+
 COLLECT_WAIT_S = 0.1  # how long one take_completed call waits on the workers for a finished group
 
 
 class FullyAsyncStream:
-    """`prepare(prompts)` gives prompts their group ids and meta; `push(version)` syncs the weights (metrics);
-    `score(batch)` adds the rewards; `snapshot()` is the prompt loader's state."""
+    """`sampler` prepares the prompts and scores the samples; `split` pushes the weights to its rollout workers,
+    whose producers generate continuously."""
 
-    def __init__(self, prompts: Iterator[DataProto], rollout_group: Any, plan: AsyncPlan, *,
-                 prepare: Callable[[DataProto, int], DataProto], push: Callable[[int], dict[str, float]],
-                 score: Callable[[DataProto], DataProto], start_step: int, steps: int, temperature: float,
-                 spill_dir: str, call_timeout_s: float) -> None:
-        self.prompts, self.rollout, self.plan = prompts, rollout_group, plan
-        self.prepare, self.push, self.score = prepare, push, score
+    def __init__(self, prompts: Iterator[DataProto], split: "SplitGeneration", sampler: "Sampler", plan: AsyncPlan, *,
+                 start_step: int, steps: int, spill_dir: str, call_timeout_s: float) -> None:
+        self.prompts, self.split, self.sampler, self.plan = prompts, split, sampler, plan
+        self.rollout = split.rollout
         self.first, self.last = start_step + 1, start_step + steps
-        self.temperature, self.spill_dir, self.call_timeout_s = temperature, spill_dir, call_timeout_s
+        self.spill_dir, self.call_timeout_s = spill_dir, call_timeout_s
         self.queue = SampleQueue(capacity=max(plan.window_groups * 2, plan.groups_per_step))
-        self.replicas = rollout_group.world_size  # tp_g = 1 on the paths that run this (checked by the workers)
+        self.replicas = self.rollout.world_size  # tp_g = 1 on the paths that run this (checked by the workers)
         self.submitted = 0
         self.exhausted = False
         self.worker_stats: list[dict[str, float]] = []
@@ -68,7 +70,7 @@ class FullyAsyncStream:
         if self.first > self.last:
             return
         self.rollout.start_continuous()
-        pushed = self.push(self.first - 1)
+        pushed = self.split.push(self.first - 1)
         self._collector = threading.Thread(target=self._collect, name="async-collector", daemon=True)
         self._collector.start()
         self._hand_out(self.plan.window_groups)
@@ -76,7 +78,7 @@ class FullyAsyncStream:
         for step in range(self.first, self.last + 1):
             version = step - 1
             if step > self.first and (step - 1) % self.plan.sync_every == 0:
-                pushed = self.push(version)
+                pushed = self.split.push(version)
                 self._hand_out(self.plan.window_groups - self.queued_or_in_flight())
             waited = time.perf_counter()
             groups, dropped = self._take(version)
@@ -84,9 +86,9 @@ class FullyAsyncStream:
                 return  # the prompts ran out and nothing is left to train on
             wait_s = time.perf_counter() - waited
             batch = DataProto.concat(groups)
-            batch.meta_info = {"temperature": self.temperature, "step": step, "weight_version": version}
+            batch.meta_info = {"temperature": self.sampler.temperature, "step": step, "weight_version": version}
             start = time.perf_counter()
-            batch = self.score(batch)
+            batch = self.sampler.score(batch)
             metrics = self._metrics(batch, version, dropped, wait_s, time.perf_counter() - last_yield, pushed)
             pushed = {}
             timing = {"gen": wait_s, "reward": time.perf_counter() - start}
@@ -124,7 +126,8 @@ class FullyAsyncStream:
                 self.exhausted = True
                 break
             self._leftover = batch[left:] if len(batch) > left else None  # the next window starts with them
-            batch = self.prepare(batch[:left], self._draws)
+            # step: the one the stream started after (which trainer step takes a group is known only then)
+            batch = self.sampler.prepare(batch[:left], self.first - 1, self._draws)
             self._draws += 1
             for i in range(len(batch)):
                 shares[self._next_replica].append(batch[i:i + 1])

@@ -15,52 +15,54 @@ The loader has handed out the prompts of the prefetched batch before step k's ch
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 from hybridrl.protocol import DataProto
 
 from .dynamic_sampling import Rollout
 
+if TYPE_CHECKING:
+    from .sampling import Sampler
+
 
 class OneStepOffStream:
-    """`start(prompts, step)` launches a generation (returns a handle) and `finish(handle)` waits for it;
-    `score(batch)` adds the rewards; `snapshot()` is the prompt loader's state_dict."""
+    """`sampler` launches, finishes and scores the generations; `snapshot()` is the prompt loader's state_dict."""
 
-    def __init__(self, prompts: Iterator[DataProto], start: Callable[[DataProto, int], Any],
-                 finish: Callable[[Any], DataProto], score: Callable[[DataProto], DataProto], *, start_step: int,
-                 steps: int, snapshot: Callable[[], dict]) -> None:
-        self.prompts, self.start, self.finish, self.score = prompts, start, finish, score
+    def __init__(self, prompts: Iterator[DataProto], sampler: "Sampler", *, start_step: int, steps: int,
+                 snapshot: Callable[[], dict]) -> None:
+        self.prompts, self.sampler = prompts, sampler
         self.first, self.last = start_step + 1, start_step + steps
         self.snapshot = snapshot
         self._state_before_prefetch: Optional[dict] = None
 
     def __iter__(self) -> Iterator[Rollout]:
-        pending = self._launch(self.first) if self.first <= self.last else None
+        pending = self._launch(self.first, version=self.first - 1) if self.first <= self.last else None
         step = self.first
         while pending is not None:
             prompts, handle, launch_s = pending
             start = time.perf_counter()
-            batch = self.finish(handle)
+            batch = self.sampler.finish(handle)
             wait_s = time.perf_counter() - start
             metrics = batch.meta_info.pop("metrics", {})
-            pending = self._launch(step + 1) if step < self.last else None  # overlaps scoring and training
+            # overlaps scoring and training; the weights hold the updates before this step's (step - 1)
+            pending = self._launch(step + 1, version=step - 1) if step < self.last else None
             if pending is None:
                 self._state_before_prefetch = None  # nothing drawn ahead: the loader's own state is right
             start = time.perf_counter()
-            batch = self.score(batch)
+            batch = self.sampler.score(batch)
             timing = {"gen": wait_s, "reward": time.perf_counter() - start, "launch_gen": launch_s}
             metrics["async/overlapped_gen_s"] = max(metrics.get("timing_s/generate", 0.0) - wait_s, 0.0)
             yield Rollout(batch, prompts.meta_info.get("epoch", 0), metrics, timing)
             step += 1
 
-    def _launch(self, step: int) -> Optional[tuple[DataProto, Any, float]]:
+    def _launch(self, step: int, version: int) -> Optional[tuple[DataProto, Any, float]]:
         state = self.snapshot()
         prompts = next(self.prompts, None)
         if prompts is None:
             return None
         self._state_before_prefetch = state
         start = time.perf_counter()
-        handle = self.start(prompts, step)
+        handle = self.sampler.start(prompts, step, 0, version)
         return prompts, handle, time.perf_counter() - start
 
     def loader_state(self) -> Optional[dict]:

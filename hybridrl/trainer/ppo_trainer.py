@@ -5,6 +5,9 @@ One step:  prompts -> rollout (hybrid engine: sync weights, generate, sleep) -> 
            -> old log-probs (actor; bypass_mode: the rollout's) -> ref log-probs -> values (critic)
            -> KL in reward, rollout correction, advantages
            -> critic update (after critic_warmup) -> actor update -> validation / checkpoint / metrics
+
+The rollout and reward part comes from the stream `rollout_stream` builds (synchronous, one step off, or fully
+async); every stream generates and scores through the one Sampler (sampling.py) and never calls back into the trainer.
 """
 from __future__ import annotations
 
@@ -23,8 +26,11 @@ from hybridrl.utils.timing import timed
 
 from . import batch_ops as ops
 from .components import Components
-from .dynamic_sampling import Rollout
+from .dynamic_sampling import Rollout, RolloutStream
+from .fully_async import FullyAsyncStream
+from .generation import SplitGeneration
 from .metrics import compute_data_metrics, compute_throughput_metrics, compute_timing_metrics
+from .one_step_off import OneStepOffStream
 from .run_folder import check_run_folder, clear_earlier_run
 from .stopping import RunStopped, StopSignals
 
@@ -38,49 +44,41 @@ class NonFiniteError(RuntimeError):
 
 class PPOTrainer:
     def __init__(self, run: RunConfig, parts: Components, signals: Optional[StopSignals] = None) -> None:
-        self.run, self.cfg, self.d = run, run.cfg, run.derived
-        self.p = parts
+        self.cfg, self.derived = run.cfg, run.derived
+        self.parts = parts  # everything built from the config: data, workers, tracker, checkpoints (components.py)
         self.signals = signals
-        self.actor, self.critic = parts.actor_group, parts.critic_group
-        self.global_step = 0
+        self.actor, self.critic, self.sampler = parts.actor_group, parts.critic_group, parts.sampler
+        self.global_step = 0  # actor updates done: the version of the weights the next generation starts from
         self.first_val: dict[str, float] = {}
         self.last_val: dict[str, float] = {}
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict[str, float]:
-        self.global_step = self.p.resume()
-        if self.global_step:
-            self.p.startup.lap("resume")
         t = self.cfg.trainer
-        if t.val_before_train or t.val_only:
-            self.first_val = self.last_val = self.validate()
-            self.p.tracker.log(self.last_val, self.global_step)
-            self.p.startup.lap("val_before_train")
+        self.resume_and_validate_first()
         if t.val_only:
             return self.last_val
-        startup = self.p.startup.done()  # what the user waited for, logged with the first step
-        if self.p.is_rank0:
-            print(self.p.startup.summary(), flush=True)
-        start = time.perf_counter()
+        startup = self.parts.startup.done()  # what the user waited for, logged with the first step
+        if self.parts.is_rank0:
+            print(self.parts.startup.summary(), flush=True)
         if self.signals is not None:
             self.signals.training = True  # from here a signal lets the step in flight finish and be saved
-        rollouts = self.p.rollouts(self.global_step, self.generate, self.score, self.start_generation,
-                                   self.finish_generation)
-        for rollout in rollouts:
+        rollouts, began = self.rollout_stream(), time.perf_counter()
+        for rollout in rollouts:  # generated and scored, on the weights of the updates so far (or one behind)
             self.global_step += 1
             metrics = {**self.train_step(rollout, self.global_step), **startup}
             startup = {}
-            out_of_time = t.max_time_s is not None and time.perf_counter() - start > t.max_time_s
-            last = self.global_step == self.p.total_steps or out_of_time
+            out_of_time = t.max_time_s is not None and time.perf_counter() - began > t.max_time_s
+            last = self.global_step == self.parts.total_steps or out_of_time
             stopping = self.signals is not None and self.signals.requested  # a signal came: save, skip validation
             if t.test_freq > 0 and not stopping and (self.global_step % t.test_freq == 0 or last):
                 self.last_val = self.validate()
                 self.first_val = self.first_val or self.last_val
                 metrics.update(self.last_val)
             if t.save_freq > 0 and (self.global_step % t.save_freq == 0 or last or stopping):
-                metrics["timing_s/save_checkpoint"] = self.p.save(self.global_step, rollouts.loader_state())
-            self.p.tracker.log(metrics, self.global_step)
-            self.p.progress.update(self.global_step, metrics)
+                metrics["timing_s/save_checkpoint"] = self.parts.save(self.global_step, rollouts.loader_state())
+            self.parts.tracker.log(metrics, self.global_step)
+            self.parts.progress.update(self.global_step, metrics)
             if stopping:
                 self.stopped_by_signal(t.save_freq > 0)
                 break
@@ -89,10 +87,41 @@ class PPOTrainer:
                 break
         return self.last_val
 
+    def resume_and_validate_first(self) -> None:
+        """Resume from the latest checkpoint (trainer.resume_mode) and validate before training where asked."""
+        self.global_step = self.parts.resume()
+        if self.global_step:
+            self.parts.startup.lap("resume")
+        t = self.cfg.trainer
+        if t.val_before_train or t.val_only:
+            self.first_val = self.last_val = self.validate()
+            self.parts.tracker.log(self.last_val, self.global_step)
+            self.parts.startup.lap("val_before_train")
+
+    def rollout_stream(self) -> RolloutStream | OneStepOffStream | FullyAsyncStream:
+        """One generated and scored batch per remaining step: generated for the step and filtered by DAPO's dynamic
+        sampling where it is on (dynamic_sampling.py); one step ahead with trainer.one_step_off_policy
+        (one_step_off.py); taken from the continuously fed queue with async_training.enable (fully_async.py)."""
+        parts, placement, start = self.parts, self.derived.placement, self.global_step
+        prompts, steps = parts.prompt_batches(), max(parts.total_steps - start, 0)
+        if placement.fully_async:
+            assert isinstance(parts.generation, SplitGeneration), "fully async runs on rollout workers of their own"
+            t = self.cfg.trainer
+            spill = os.path.join(os.path.expanduser(t.default_local_dir), self.cfg.async_training.queue_samples_dir)
+            return FullyAsyncStream(prompts, parts.generation, self.sampler, placement.fully_async, start_step=start,
+                                    steps=steps, spill_dir=spill, call_timeout_s=t.worker_timeout_s)
+        if placement.one_step_off:
+            return OneStepOffStream(prompts, self.sampler, start_step=start, steps=steps,
+                                    snapshot=parts.train_loader.state_dict)
+        fg = self.cfg.algorithm.filter_groups
+        return RolloutStream(prompts, self.sampler, start_step=start, steps=steps,
+                             train_batch_size=self.cfg.data.train_batch_size,
+                             filter_metric=fg.metric if fg.enable else None, max_num_gen_batches=fg.max_num_gen_batches)
+
     def stopped_by_signal(self, saved: bool) -> None:
         signal.setitimer(signal.ITIMER_REAL, 0)  # the step is saved: the rest of the shut-down may take its time
-        where = (f"saved it to {self.p.ckpt.step_dir(self.global_step)} (trainer.resume_mode=auto continues)" if saved
-                 else "nothing saved (trainer.save_freq=-1)")
+        where = (f"saved it to {self.parts.ckpt.step_dir(self.global_step)} (trainer.resume_mode=auto continues)"
+                 if saved else "nothing saved (trainer.save_freq=-1)")
         print(f"hybridrl: stopped by {self.signals.name} after step {self.global_step}; {where}", flush=True)
 
     def train_step(self, rollout: Rollout, step: int) -> dict[str, float]:
@@ -103,62 +132,38 @@ class PPOTrainer:
             batch = self.balance(rollout.batch, metrics)
             with timed(timing, "old_log_prob"):
                 batch = self.old_log_probs(batch, metrics)
-            if self.d.use_reference:
+            if self.derived.use_reference:
                 with timed(timing, "ref"):
                     ref = self.actor.compute_ref_log_prob(batch)
                     metrics.update(ref.meta_info.pop("metrics", {}))
                     batch = batch.union(ref)
-            if self.d.use_critic:
+            if self.derived.use_critic:
                 with timed(timing, "values"):
                     batch = batch.union(self.critic.compute_values(batch))
             with timed(timing, "adv"):
                 batch = self.advantages(batch, metrics)
-            self.p.dump_rollout(batch, step)
-            if self.d.use_critic:
+            self.parts.dump_rollout(batch, step)
+            if self.derived.use_critic:
                 with timed(timing, "update_critic"):
                     metrics.update(self.checked(self.critic.update_critic(batch), CRITIC_HEALTH, step))
             if step > self.cfg.trainer.critic_warmup:
                 with timed(timing, "update_actor"):
                     metrics.update(self.checked(self.actor.update_actor(batch), ACTOR_HEALTH, step))
         timing["step"] += sum(rollout.timing.values())  # gen, reward (+ launch_gen one step ahead)
-        metrics.update(compute_data_metrics(batch, self.d.use_critic))
-        metrics.update(compute_timing_metrics(batch, timing))
-        metrics.update(compute_throughput_metrics(batch, timing, self.d.world_size + self.d.placement.rollout_world))
-        metrics.update(self.p.mfu(batch, timing, metrics))
+        metrics.update(self.step_metrics(batch, timing, metrics))
         return metrics
 
+    def step_metrics(self, batch: DataProto, timing: dict[str, float], update: dict[str, float]) -> dict[str, float]:
+        """Data (scores, advantages, lengths), timing, throughput and MFU of the step just trained."""
+        gpus = self.derived.world_size + self.derived.placement.rollout_world
+        return {**compute_data_metrics(batch, self.derived.use_critic), **compute_timing_metrics(batch, timing),
+                **compute_throughput_metrics(batch, timing, gpus), **self.parts.mfu(batch, timing, update)}
+
     # ------------------------------------------------------------------ steps
-    def generate(self, prompts: DataProto, step: int, draw: int = 0) -> DataProto:
-        """n samples per prompt; `draw` numbers the generation batches of one step (distinct seeds)."""
-        return self.finish_generation(self.start_generation(prompts, step, draw))
-
-    def start_generation(self, prompts: DataProto, step: int, draw: int = 0) -> Any:
-        """Launch generation for `step` on the weights after the updates done so far (self.global_step)."""
-        prompts = ops.add_group_ids(prompts)
-        prompts.meta_info.update(step=step, draw=draw, validate=False)
-        return self.p.generation.start(prompts, version=self.global_step)
-
-    def finish_generation(self, handle: Any) -> DataProto:
-        out = self.p.generation.finish(handle)
-        metrics = {k if "/" in k else f"rollout/{k}": v for k, v in out.meta_info["metrics"].items()}
-        metrics.update(ops.agent_metrics(out.non_tensor_batch.get("agent_tool_calls"),
-                                         out.non_tensor_batch.get("agent_turns")))
-        # updates the policy that trains this batch has had, minus those of the policy that generated it
-        metrics["async/staleness"] = float(out.meta_info["step"] - 1 - out.meta_info["weight_version"])
-        out.meta_info["metrics"] = metrics
-        out.meta_info["temperature"] = self.cfg.actor_rollout_ref.rollout.temperature
-        return out
-
-    def score(self, batch: DataProto) -> DataProto:
-        result = self.p.reward_fn(batch)
-        out = ops.with_scores(batch, result.reward_tensor, result.reward_extra_info)
-        out.meta_info["reward_metrics"] = dict(result.metrics)
-        return out
-
     def old_log_probs(self, batch: DataProto, metrics: dict[str, float]) -> DataProto:
-        if self.d.algorithm.bypass_mode:
+        if self.derived.algorithm.bypass_mode:
             return ops.rollout_log_probs_as_old(batch)
-        batch.meta_info["calculate_sum_pi_squared"] = self.d.algorithm.sum_pi_squared
+        batch.meta_info["calculate_sum_pi_squared"] = self.derived.algorithm.sum_pi_squared
         batch = batch.union(self.actor.compute_log_prob(batch))
         metrics.update(logprob_gap(batch.batch["rollout_log_probs"], batch.batch["old_log_probs"],
                                    batch.batch["response_mask"]))
@@ -168,19 +173,19 @@ class PPOTrainer:
     def balance(self, batch: DataProto, metrics: dict[str, float]) -> DataProto:
         if not self.cfg.trainer.balance_batch:
             return batch
-        batch, m = ops.balance_batch(batch, self.d.actor.dp, self.cfg.trainer.balance_batch_sort)
+        batch, m = ops.balance_batch(batch, self.derived.actor.dp, self.cfg.trainer.balance_batch_sort)
         metrics.update(m)
         return batch
 
     def advantages(self, batch: DataProto, metrics: dict[str, float]) -> DataProto:
         a = self.cfg.algorithm
-        batch, kl_metrics = ops.rewards_with_kl(batch, a.use_kl_in_reward, self.p.kl_ctrl, a.kl_penalty)
+        batch, kl_metrics = ops.rewards_with_kl(batch, a.use_kl_in_reward, self.parts.kl_ctrl, a.kl_penalty)
         metrics.update(kl_metrics)
-        if self.p.rollout_correction is not None and not self.d.algorithm.bypass_mode:
-            batch, rc_metrics = ops.with_rollout_correction(batch, self.p.rollout_correction)
+        if self.parts.rollout_correction is not None and not self.derived.algorithm.bypass_mode:
+            batch, rc_metrics = ops.with_rollout_correction(batch, self.parts.rollout_correction)
             metrics.update(rc_metrics)
-        baselines = self.p.remax_baselines(batch, self.global_step - 1) if a.adv_estimator == "remax" else None
-        return ops.advantages(batch, a.adv_estimator, self.p.adv_params, baselines)
+        baselines = self.parts.remax_baselines(batch, self.global_step - 1) if a.adv_estimator == "remax" else None
+        return ops.advantages(batch, a.adv_estimator, self.parts.adv_params, baselines)
 
     def checked(self, out: DataProto, keys: tuple[str, ...], step: int) -> dict[str, float]:
         metrics = dict(out.meta_info["metrics"])
@@ -196,11 +201,11 @@ class PPOTrainer:
         sources, scores, lengths, tool_calls, turns = [], [], [], [], []
         extras: dict[str, list] = {}
         n = self.cfg.actor_rollout_ref.rollout.val_kwargs.n
-        for i, prompts in enumerate(self.p.val_batches()):
+        for i, prompts in enumerate(self.parts.val_batches()):
             prompts.meta_info.update(step=self.global_step, validate=True)
-            out = self.p.generation.generate_sequences(prompts, version=self.global_step)
+            out = self.parts.generation.generate_sequences(prompts, version=self.global_step)
             out.meta_info.pop("metrics", None)
-            result = self.p.val_reward_fn(out)
+            result = self.parts.val_reward_fn(out)
             scores += result.reward_tensor.sum(-1).tolist()
             sources += list(out.non_tensor_batch[self.cfg.data.reward_fn_key])
             lengths += out.batch["response_mask"].sum(-1).tolist()
@@ -208,7 +213,7 @@ class PPOTrainer:
             turns += list(out.non_tensor_batch.get("agent_turns", []))
             for key, values in result.reward_extra_info.items():
                 extras.setdefault(key, []).extend(values)
-            self.p.dump_validation(out, result, self.global_step, first=i == 0)
+            self.parts.dump_validation(out, result, self.global_step, first=i == 0)
         return {**ops.validation_metrics(sources, scores, n, lengths, extras),
                 **ops.agent_metrics(tool_calls, turns, prefix="val/agent")}
 

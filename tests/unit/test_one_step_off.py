@@ -22,20 +22,30 @@ class FakeLoader:
             yield DataProto.from_dict({"x": torch.full((2, 1), float(self.position))}, meta_info={"epoch": 0})
 
 
-def run_stream(total_batches: int, steps: int):
-    loader, events, trained = FakeLoader(total_batches), [], {"updates": 0}
+class FakeSampler:
+    """Records each launch with the version the stream asks for and the updates the trainer has done by then."""
 
-    def start(prompts, step):
-        events.append(("launch", step, trained["updates"]))
-        return prompts, trained["updates"]
+    def __init__(self, events: list, trained: dict) -> None:
+        self.events, self.trained = events, trained
 
-    def finish(handle):
+    def start(self, prompts, step, draw, version):
+        assert version == self.trained["updates"], "the stream launched on other weights than the actor's of the moment"
+        self.events.append(("launch", step, version))
+        return prompts, version
+
+    def finish(self, handle):
         prompts, version = handle
         out = DataProto.from_dict({"x": prompts.batch["x"].clone()}, meta_info={"weight_version": version})
         out.meta_info["metrics"] = {"timing_s/generate": 0.0}
         return out
 
-    stream = OneStepOffStream(loader.batches(), start, finish, lambda b: b, start_step=0, steps=steps,
+    def score(self, batch):
+        return batch
+
+
+def run_stream(total_batches: int, steps: int):
+    loader, events, trained = FakeLoader(total_batches), [], {"updates": 0}
+    stream = OneStepOffStream(loader.batches(), FakeSampler(events, trained), start_step=0, steps=steps,
                               snapshot=loader.state_dict)
     states = []
     for k, rollout in enumerate(stream, start=1):

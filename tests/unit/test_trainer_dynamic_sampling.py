@@ -26,13 +26,15 @@ def prompts_stream(batches, prompts_per_batch=4):
 
 
 class Scripted:
-    """generate: n samples per prompt with uid; scores follow `signal(batch_no, prompt_no)` (True: the group's
-    samples differ). Records the draw numbers it is called with."""
+    """A Sampler's generate and score. generate: n samples per prompt with uid; scores follow
+    `signal(batch_no, prompt_no)` (True: the group's samples differ). Records the steps, draw numbers and weight
+    versions it is called with."""
 
     def __init__(self, signal):
         self.signal, self.calls, self.batch_no = signal, [], 0
 
-    def generate(self, prompts, step, draw):
+    def generate(self, prompts, step, draw, version):
+        assert version == step - 1  # generated on the weights after the steps before it
         self.calls.append((step, draw))
         pids = prompts.batch["pid"].repeat_interleave(N)
         uids = np.array([f"u{int(p)}" for p in pids], dtype=object)
@@ -51,7 +53,7 @@ class Scripted:
 
 def stream(signal, batches=20, steps=2, max_gen=0, start=0):
     s = Scripted(signal)
-    return s, RolloutStream(prompts_stream(batches), s.generate, s.score, start_step=start, steps=steps,
+    return s, RolloutStream(prompts_stream(batches), s, start_step=start, steps=steps,
                             train_batch_size=4, filter_metric="reward", max_num_gen_batches=max_gen)
 
 
@@ -79,7 +81,7 @@ def test_gives_up_after_max_num_gen_batches():
 
 def test_no_filter_is_one_batch_per_step_and_the_stream_ends_with_the_prompts():
     s = Scripted(lambda b, k: False)
-    rollouts = list(RolloutStream(prompts_stream(3), s.generate, s.score, start_step=5, steps=10, train_batch_size=4))
+    rollouts = list(RolloutStream(prompts_stream(3), s, start_step=5, steps=10, train_batch_size=4))
     assert len(rollouts) == 3 and all(len(r.batch) == 4 * N and "train/num_gen_batches" not in r.metrics
                                       for r in rollouts)
     assert s.calls == [(6, 0), (7, 0), (8, 0)]
@@ -87,7 +89,7 @@ def test_no_filter_is_one_batch_per_step_and_the_stream_ends_with_the_prompts():
 
 def test_filter_on_a_reward_field_names_the_missing_one():
     s = Scripted(lambda b, k: True)
-    rollouts = RolloutStream(prompts_stream(2), s.generate, s.score, start_step=0, steps=1, train_batch_size=4,
+    rollouts = RolloutStream(prompts_stream(2), s, start_step=0, steps=1, train_batch_size=4,
                              filter_metric="acc")
     with pytest.raises(KeyError, match="metric=acc: the reward function returned no 'acc' field"):
         next(iter(rollouts))

@@ -38,13 +38,13 @@ def record_pids(path: str) -> None:
     spawn = components._spawn_groups
 
     def spawn_and_record(*args, **kwargs):
-        actor, critic, rollout, rank0 = spawn(*args, **kwargs)
+        actor, critic, rollout, rank0, reward_model = spawn(*args, **kwargs)
         pids = {"actor_rollout_ref": list(actor.pids)}
         for name, group in (("critic", critic), ("rollout", rollout)):
             if group is not None:
                 pids[name] = list(group.pids)
         touch(path, json.dumps(pids))
-        return actor, critic, rollout, rank0
+        return actor, critic, rollout, rank0, reward_model
 
     components._spawn_groups = spawn_and_record
 
