@@ -322,14 +322,15 @@ class VLLMRolloutEngine(RolloutEngine):
     def piece_views(self, pieces: Sequence[WeightPiece]) -> list[Optional[PieceView]]:
         """Where each piece (held by any rank's actor) lands in vLLM's parameters here; see `_piece_views`.
         Not run on a GPU yet: the same layout rules as weight_views, checked on CPU against vLLM's layout built by
-        hand (tests/unit/test_cross_copy.py), and proven against load_weights at the first sync as every copy is."""
+        hand (tests/unit/test_vllm_piece_views.py), and proven against load_weights at the first sync as every copy is."""
         from vllm.distributed import get_tensor_model_parallel_rank
 
         wanted = list(pieces)
         rank = get_tensor_model_parallel_rank()
         experts = self._num_experts
         return self.llm.apply_model(
-            lambda model: _piece_views(model, wanted, self.tp_size, rank, self._fused_rows, experts))[0]
+            lambda model: _piece_views(model, wanted, self.tp_size, rank, self._fused_rows, experts,
+                                       replicated_kv=self._kv_replicas > 1))[0]
 
     def weight_checksums(self, hf_names: Iterable[str]) -> dict[str, float]:
         """Float64 sums of the named HF weights as vLLM holds them, reduced over the replica's tp group.

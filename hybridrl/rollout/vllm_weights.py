@@ -143,9 +143,12 @@ def _weight_views(model: torch.nn.Module, regions: list[WeightRegion], tp: int, 
 
 
 def _piece_views(model: torch.nn.Module, pieces: list[WeightPiece], tp: int, rank: int,
-                 fused_rows: dict[str, tuple[int, ...]], experts: int = 0) -> list[Optional[PieceView]]:
+                 fused_rows: dict[str, tuple[int, ...]], experts: int = 0,
+                 replicated_kv: bool = False) -> list[Optional[PieceView]]:
     """RolloutEngine.piece_views: the same layout as `_weight_views`, for pieces any rank holds: each piece's
-    intersection with this rank's block (a piece may straddle blocks, e.g. a tp=1 actor's whole q_proj at tp_g=2)."""
+    intersection with this rank's block (a piece may straddle blocks, e.g. a tp=1 actor's whole q_proj at tp_g=2).
+    `replicated_kv` (tp_g above the KV heads): each rank holds whole KV heads, no block of rows: qkv is refused
+    (a whole region can tell by its size, a piece cut to a block cannot)."""
     params = dict(model.named_parameters())
     fused_experts = _expert_params(params) if experts else {}
     placed: list[tuple[tuple, Optional[PieceView]]] = []
@@ -153,7 +156,7 @@ def _piece_views(model: torch.nn.Module, pieces: list[WeightPiece], tp: int, ran
     for piece in pieces:
         key, p, (kind, a, member) = _target(params, fused_experts, piece.name, piece.shape[piece.dim], fused_rows,
                                             experts)
-        if p is None:
+        if p is None or (replicated_kv and ".qkv_proj." in key[0]):
             placed.append((key, None))
             continue
         if kind == "expert":

@@ -20,8 +20,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_hybrid_reshard import save_tiny
 from transformers import Qwen2Config
+
+from tests.dist.test_hybrid_reshard import save_tiny
 
 REPO = Path(__file__).resolve().parents[2]
 HELPERS = Path(__file__).parent / "hybrid_helpers"
