@@ -11,15 +11,17 @@ Rank 0's host picks MASTER_ADDR (its node IP) and a free MASTER_PORT before any 
 
 Failures: a role that raises comes back as a RemoteFailure (raised as WorkerError with the remote
 traceback); an actor that dies surfaces as Ray's ActorDiedError on its pending call and is raised as
-WorkerDiedError naming rank, role and pid as soon as it is seen, without waiting for the other ranks
+WorkerDiedError naming rank, role, pid and node as soon as it is seen, without waiting for the other ranks
 (which may be stuck in a collective with the dead one); `call_timeout_s` bounds every call. When several
 ranks fail in one call, a dead rank is reported before its peers' collective errors (it is usually their
-cause), and the message names the ranks that failed too or had not finished (a hung peer).
+cause), and the message names the ranks that failed too or had not finished (a hung peer) and their nodes;
+a node Ray already counts as dead is said so (a lost node is what a whole node's ranks going quiet means).
 """
 from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -55,6 +57,19 @@ class _Slot:
     bundle_index: int
     local_rank: int
     local_world_size: int
+
+
+@dataclass(frozen=True)
+class RayNode:
+    """Where a rank runs: its Ray node (id, IP, host name) and the pool's node index it was packed on."""
+
+    node_id: str
+    ip: str
+    host: str
+    pool_node: int
+
+    def __str__(self) -> str:
+        return f"{self.pool_node} ({self.host}, {self.ip}, Ray node {self.node_id[:12]})"
 
 
 class ResourcePool:
@@ -149,6 +164,10 @@ class _RayHost(WorkerHost):
             raise RuntimeError(f"Ray assigned GPU {ids[0]} but CUDA_VISIBLE_DEVICES={','.join(visible)} hides it")
         return visible.index(ids[0])
 
+    def node(self) -> tuple[str, str, str]:
+        """(node id, IP, host name) of the Ray node this actor runs on."""
+        return ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address(), socket.gethostname()
+
     def node_address(self) -> tuple[str, int]:
         """This node's IP and a port free on it right now (rank 0's answer becomes MASTER_ADDR/PORT)."""
         return ray.util.get_node_ip_address(), free_port()
@@ -167,6 +186,7 @@ class _HostSet:
 
     def __init__(self, handles: list[Any], pids: list[int], pool: ResourcePool) -> None:
         self.handles, self.pids, self.pool = handles, pids, pool
+        self.nodes: list[RayNode] = []  # each rank's node, filled in at start
         self.alive = True
 
     def kill(self) -> None:
@@ -180,7 +200,7 @@ class _HostSet:
 
 
 def wait_refs(refs: dict[int, Any], *, role: str, method: str, timeout: float | None,
-              pids: Sequence[int] | None = None) -> dict[int, Any]:
+              pids: Sequence[int] | None = None, nodes: Sequence[RayNode] | None = None) -> dict[int, Any]:
     """{rank: value} of all refs. Raises as soon as any rank fails: WorkerError for a RemoteFailure,
     WorkerDiedError for a dead actor, WorkerTimeoutError past `timeout` seconds."""
     pending = {ref: rank for rank, ref in refs.items()}
@@ -193,20 +213,20 @@ def wait_refs(refs: dict[int, Any], *, role: str, method: str, timeout: float | 
         for ref in ready:
             rank = pending.pop(ref)
             try:
-                out[rank] = _get_one(ref, rank, role, method, pids)
+                out[rank] = _get_one(ref, rank, role, method, pids, nodes)
             except WorkerError as e:
                 failures[rank] = e
         if failures:
-            raise _root_failure(failures, pending, role, method, pids)
+            raise _root_failure(failures, pending, role, method, pids, nodes)
         if pending and deadline is not None and time.monotonic() >= deadline:
             late = sorted(pending.values())
-            raise WorkerTimeoutError(f"{role}.{method}(): rank(s) {late} did not finish within {timeout} s",
-                                     rank=late[0], role=role, method=method)
+            raise WorkerTimeoutError(f"{role}.{method}(): rank(s) {late} did not finish within {timeout} s"
+                                     f"{_where(late, nodes)}", rank=late[0], role=role, method=method)
     return out
 
 
 def _root_failure(failures: dict[int, WorkerError], pending: dict[Any, int], role: str, method: str,
-                  pids: Sequence[int] | None) -> WorkerError:
+                  pids: Sequence[int] | None, nodes: Sequence[RayNode] | None = None) -> WorkerError:
     """The error to raise when ranks failed: a dead rank first (its peers' errors are usually its
     consequence), else the lowest failed rank; the message adds which ranks failed too or were still
     running, so a hung or dead peer is named even when another rank's collective timed out first."""
@@ -215,7 +235,7 @@ def _root_failure(failures: dict[int, WorkerError], pending: dict[Any, int], rol
         for ref in ready:
             rank = pending.pop(ref)
             try:
-                _get_one(ref, rank, role, method, pids)
+                _get_one(ref, rank, role, method, pids, nodes)
             except WorkerError as e:
                 failures[rank] = e
     died = sorted(r for r, e in failures.items() if isinstance(e, WorkerDiedError))
@@ -227,18 +247,36 @@ def _root_failure(failures: dict[int, WorkerError], pending: dict[Any, int], rol
     running = sorted(pending.values())
     if running:
         notes.append(f"rank(s) {running} had not finished {method}() (a hung or dead peer makes the others' "
-                     "collectives fail or time out)")
+                     f"collectives fail or time out){_where(running, nodes)}")
     return failures[first].with_note(f"; {'; '.join(notes)}" if notes else "")
 
 
-def _get_one(ref: Any, rank: int, role: str, method: str, pids: Sequence[int] | None) -> Any:
+def _where(ranks: Sequence[int], nodes: Sequence[RayNode] | None) -> str:
+    """' on node 1 (host, ip, Ray node id)' for the nodes of `ranks`, each said dead where Ray knows it is."""
+    if not nodes:
+        return ""
+    places = sorted({nodes[r] for r in ranks}, key=lambda n: n.pool_node)
+    dead = _dead_node_ids()
+    return " on node " + ", ".join(f"{n}{' (DEAD: Ray lost this node)' if n.node_id in dead else ''}" for n in places)
+
+
+def _dead_node_ids() -> set[str]:
+    try:
+        return {n["NodeID"] for n in ray.nodes() if not n.get("Alive", True)}
+    except Exception as e:  # the GCS itself may be gone
+        logger.debug("ray.nodes() failed: %s", e)
+        return set()
+
+
+def _get_one(ref: Any, rank: int, role: str, method: str, pids: Sequence[int] | None,
+             nodes: Sequence[RayNode] | None = None) -> Any:
     pid = f" (pid {pids[rank]})" if pids else ""
     try:
         value = ray.get(ref)
     except RayActorError as e:
         detail = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
-        raise WorkerDiedError(f"worker {role!r} rank {rank}{pid} died during {method}(): {type(e).__name__}: {detail}",
-                              rank=rank, role=role, method=method) from None
+        raise WorkerDiedError(f"worker {role!r} rank {rank}{pid} died during {method}(){_where([rank], nodes)}: "
+                              f"{type(e).__name__}: {detail}", rank=rank, role=role, method=method) from None
     except RayError as e:
         raise WorkerError(f"worker {role!r} rank {rank}{pid} could not run {method}(): {type(e).__name__}",
                           rank=rank, role=role, method=method, remote_traceback=str(e)) from None
@@ -272,6 +310,11 @@ def spawn_hosts(pool: ResourcePool, roles: dict[str, RoleSpec], *, dist_timeout_
         pids = wait_refs({r: h.pid.remote() for r, h in enumerate(handles)}, role=label, method="start",
                          timeout=setup_timeout_s)
         hosts.pids = [pids[r] for r in range(len(handles))]
+        placed = wait_refs({r: h.node.remote() for r, h in enumerate(handles)}, role=label, method="start",
+                           timeout=setup_timeout_s)
+        pool_node = [i for i, n in enumerate(pool.process_on_nodes) for _ in range(n)]
+        hosts.nodes = [RayNode(*placed[r], pool_node=pool_node[r]) for r in range(len(handles))]
+        _log_placement(pool, hosts.nodes)
         addr, port = wait_refs({0: handles[0].node_address.remote()}, role=label, method="start",
                                timeout=setup_timeout_s)[0]
         gpus = (wait_refs({r: h.gpu_index.remote() for r, h in enumerate(handles)}, role=label, method="start",
@@ -280,12 +323,25 @@ def spawn_hosts(pool: ResourcePool, roles: dict[str, RoleSpec], *, dist_timeout_
                             master_addr=addr, master_port=port, use_gpu=pool.use_gpu, cuda_device=gpus.get(r, 0),
                             dist_timeout_s=dist_timeout_s) for r, s in enumerate(slots)]
         wait_refs({r: h.setup.remote(ctxs[r], roles) for r, h in enumerate(handles)}, role=label, method="__init__",
-                  timeout=setup_timeout_s, pids=hosts.pids)
+                  timeout=setup_timeout_s, pids=hosts.pids, nodes=hosts.nodes)
     except BaseException:
         hosts.kill()
         pool.unclaim()
         raise
     return hosts
+
+
+def _log_placement(pool: ResourcePool, nodes: list[RayNode]) -> None:
+    """Say where each of the pool's nodes landed; warn when two of them share one Ray node (a layout of
+    several nodes that runs on one: the resources of a node fit more than one node's slots)."""
+    by_node: dict[int, RayNode] = {}
+    for n in nodes:
+        by_node.setdefault(n.pool_node, n)
+    logger.info("pool %r: %s", pool.name, "; ".join(f"node {n} x {pool.process_on_nodes[i]}" for i, n in by_node.items()))
+    shared = Counter(n.node_id for n in by_node.values())
+    if len(by_node) > 1 and any(c > 1 for c in shared.values()):
+        logger.warning("pool %r: %d nodes' slots were packed onto %d Ray node(s); each Ray node offers more than "
+                       "one node's worth of resources", pool.name, len(by_node), len(shared))
 
 
 class RayWorkerGroup(WorkerGroup):
@@ -315,6 +371,11 @@ class RayWorkerGroup(WorkerGroup):
         return list(self._hosts.pids)
 
     @property
+    def nodes(self) -> list[RayNode]:
+        """Each rank's node."""
+        return list(self._hosts.nodes)
+
+    @property
     def actors(self) -> list[Any]:
         return list(self._hosts.handles)
 
@@ -341,12 +402,14 @@ class RayWorkerGroup(WorkerGroup):
 
     def _gather(self, handle: dict[int, Any], method: str, timeout: float | None) -> dict[int, Any]:
         timeout = self.call_timeout_s if timeout is None else timeout
-        return wait_refs(handle, role=self.role, method=method, timeout=timeout, pids=self._hosts.pids)
+        return wait_refs(handle, role=self.role, method=method, timeout=timeout, pids=self._hosts.pids,
+                         nodes=self._hosts.nodes)
 
     def _fetch_dispatch_info(self, mesh: str) -> list[DispatchInfo | None]:
         self._check_alive("dispatch_info")
         refs = {r: h.dispatch_info.remote(self.role, mesh) for r, h in enumerate(self._hosts.handles)}
-        out = wait_refs(refs, role=self.role, method="dispatch_info", timeout=self.call_timeout_s, pids=self._hosts.pids)
+        out = wait_refs(refs, role=self.role, method="dispatch_info", timeout=self.call_timeout_s, pids=self._hosts.pids,
+                        nodes=self._hosts.nodes)
         return [out[r] for r in range(self.world_size)]
 
 

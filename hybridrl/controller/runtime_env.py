@@ -115,6 +115,30 @@ def describe_runtime_env(env: Mapping[str, Any]) -> str:
     return f"runtime_env(working_dir={wd!r}, excludes={len(env.get('excludes', []))} patterns, env_vars={names})"
 
 
+def joins_cluster(address: str | None) -> bool:
+    """Whether init_ray(address=...) joins a running cluster (an address, or RAY_ADDRESS) instead of starting one."""
+    return address not in (None, "local") or (address is None and bool(os.environ.get("RAY_ADDRESS")))
+
+
+def cpus_per_process(local_cpus: int, processes: int, per_node: int, joined: bool) -> float:
+    """CPUs each worker process reserves on a CPU run (GPU runs reserve one GPU and one CPU).
+
+    On a cluster this process joined, the smallest live node's CPUs split among one node's `per_node` workers, so
+    that each node's slots fill a Ray node of their own, as a node's GPUs do; on a Ray started here, this machine's
+    `local_cpus` among all `processes`, at most one each.
+    """
+    if not joined:
+        return min(1.0, local_cpus / processes)
+    import ray
+
+    cpus = [n["Resources"].get("CPU", 0.0) for n in ray.nodes() if n.get("Alive")]
+    smallest = min((c for c in cpus if c > 0), default=0.0)
+    if smallest < per_node:
+        raise RuntimeError(f"the Ray cluster's nodes offer {sorted(cpus)} CPUs; a CPU run needs at least "
+                           f"trainer.n_gpus_per_node={per_node} on every node (ray start --num-cpus)")
+    return smallest / per_node
+
+
 def init_ray(num_cpus: int | None = None, num_gpus: int | None = None, *, address: str | None = None,
              working_dir: str | None = None, extra_env: Mapping[str, str] | None = None,
              include_dashboard: bool | None = None, **ray_kwargs: Any) -> Any:
@@ -127,7 +151,7 @@ def init_ray(num_cpus: int | None = None, num_gpus: int | None = None, *, addres
 
     if ray.is_initialized():
         return None
-    joining = address not in (None, "local") or (address is None and bool(os.environ.get("RAY_ADDRESS")))
+    joining = joins_cluster(address)
     if joining:
         # an existing cluster's resources are fixed, and Ray refuses num_cpus/num_gpus when joining one
         num_cpus = num_gpus = None
