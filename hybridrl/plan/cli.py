@@ -49,6 +49,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="with --search: GPUs in all (up to 8 a node; more in whole nodes of 8); default: the job's")
     p.add_argument("--gpu-type", default=None, help="with --search: H100 or H200 (default: H200 above 100 GiB)")
     p.add_argument("--top", type=int, default=10, help="with --search: layouts to print")
+    p.add_argument("--net-gbps", type=float, default=None,
+                   help="with --search: network bandwidth between nodes per GPU in Gb/s (default 400: one 400G NIC a GPU)")
     return p
 
 
@@ -111,12 +113,14 @@ def _reward_model_shape(args: argparse.Namespace, cfg) -> Optional[ModelShape]:
 
 
 def _search(args: argparse.Namespace, cl, cfg, gpu_bytes: int) -> int:
-    from .search import search, table
-    from .step_time import gpu_named
+    from .search import MAX_GPUS, search, table
+    from .step_time import Network, gpu_named
 
     t = cfg.trainer
     gpus = args.gpus or t.n_gpus_per_node * t.nnodes
     per_node = min(gpus, 8)
+    if gpus > MAX_GPUS:
+        return _refuse([Problem(None, f"--gpus {gpus}: the search covers up to {MAX_GPUS} GPUs")], args.json, gpu_bytes)
     if gpus % per_node:
         return _refuse([Problem(None, f"--gpus {gpus}: more than 8 GPUs come in whole nodes of 8")], args.json, gpu_bytes)
     nodes = [f"trainer.n_gpus_per_node={per_node}", f"trainer.nnodes={gpus // per_node}"]
@@ -130,13 +134,18 @@ def _search(args: argparse.Namespace, cl, cfg, gpu_bytes: int) -> int:
         job = load_config(cl.overrides + nodes + extra, cl.config_name, cl.config_path)
         return validate(job, cuda_available=lambda: True, te_available=lambda: True)
 
-    fits, refused = search(build, shape, gpus, per_node, gpu_bytes, int(args.overhead_gb * GiB), gpu)
+    net = Network(gbps_per_gpu=args.net_gbps) if args.net_gbps else Network()
+    sequence = cfg.data.max_prompt_length + cfg.data.max_response_length
+    fits, refused = search(build, shape, gpus, per_node, gpu_bytes, int(args.overhead_gb * GiB), gpu, net=net,
+                           sequence=sequence)
     if args.json:
         print(json.dumps({"format": "hybridrl.plan.search/1", "gpus": gpus, "gpu": gpu.name, "gpu_memory_bytes": gpu_bytes,
+                          "network_gbps_per_gpu": net.gbps_per_gpu,
                           "model": shape.to_dict(), "ranked": [c.to_dict() for c in fits],
                           "refused": [c.to_dict() for c in refused]}, indent=2))
     else:
-        print(f"{shape.name} on {gpus} x {gpu.name} ({args.gpu_mem_gb:g} GiB): {len(fits)} layouts fit, "
+        print(f"{shape.name} on {gpus} x {gpu.name} ({args.gpu_mem_gb:g} GiB, {net.gbps_per_gpu:g} Gb/s a GPU between "
+              f"nodes): {len(fits)} layouts fit, "
               f"{len(refused)} refused (--json says why)")
         print(table(fits, args.top))
     if not fits:

@@ -1,18 +1,27 @@
 """A GRPO/PPO step's seconds for a validated job on a given GPU type: the ranking half of `hybridrl plan --search`.
 
 Phases, per step (every rank takes the same time in a balanced layout; T tokens of the step, S samples, R response
-tokens, N matmul weights, L layers, dp/tp/pp the actor's layout, tp_g/dp_g the rollout's):
-    generation     R decode steps of one replica: per_sequence_s x S/dp_g + weights/tp_g / HBM bandwidth
-                   (+ 2 L tp all-reduces a step when tp_g > 1), plus the engine's wake/sleep
-    log-prob pass  2 N T/dp / (tp pp) FLOPs at forward_mfu x tp_efficiency x pipeline fill, once for the old
-                   log-probs and once more for the reference
-    update         6 N T/dp / (tp pp) FLOPs at train_mfu x tp_efficiency x pipeline fill (8 N with full recompute),
-                   the gradients' reduce-scatter over dp, and with optimizer_offload the optimizer state's round trip
-                   to the host (out before generation, back for the step)
+tokens, N matmul weights, L layers, dp/tp/pp/cp/ep the actor's layout, tp_g/dp_g the rollout's):
+    generation     R decode steps of one replica, each: a fixed cost (the engine's scheduler, sampling, launches:
+                   decode is latency-bound, a replica's step barely shortens with fewer sequences) + per_sequence_s
+                   x S/dp_g + the replica's weights/tp_g read from HBM + with tp_g > 1, 2 L all-reduces of
+                   allreduce_latency_s x log2(tp_g) (vLLM's NCCL all-reduce; custom all-reduce is off); plus the
+                   engine's wake/sleep, which grows with the training state a GPU holds (it moves out and back)
+    sync           the weights into the engine: a copy on the GPU; with pp > 1 each rank also gathers the other
+                   stages' weights, over the network where the pipeline spans nodes
+    log-prob pass  2 N T/dp / (tp pp cp) FLOPs at forward_mfu x tp_efficiency x pipeline fill, once for the old
+                   log-probs and once more for the reference; MoE: the tokens' all-to-all over ep
+    update         6 N T/dp / (tp pp cp) FLOPs at train_mfu x tp_efficiency x pipeline fill (8 N with full recompute),
+                   the gradients' reduce-scatter + all-gather over dp (NVLink inside a node, the network when the dp
+                   group spans nodes), pipeline sends, cp's KV exchange, MoE all-to-all; with optimizer_offload the
+                   optimizer state's copy back from the host (its way out is part of generation's wake/sleep)
+Interconnect: NVLink inside a node of GPU.per_node GPUs; between nodes each GPU gets Network.bytes_per_s (its share of
+the node's NICs: an assumption, `hybridrl plan --search --net-gbps`). A group of Megatron ranks (order tp-cp-ep-dp-pp)
+spans nodes when its stride times its size exceeds a node.
 MFU grows with the model's width (bigger GEMMs): it is interpolated in log2(hidden_size) between the calibration
-points below and held beyond them. The constants come from the runs in CALIBRATION (benchmarks/results/, dated);
-tests/unit/test_plan_search.py checks the model against each of them. tp_efficiency and the all-reduce latency are
-not measured yet (issue 33): they are the guesses marked below.
+points below and held beyond them. The constants come from the runs in benchmarks/results/plan_calibration.json
+(dated); tests/unit/test_plan_search.py checks the model against every row (`plan_step_time_error_max`).
+tp_efficiency is a guess (not measured apart from the step times it is checked against).
 """
 from __future__ import annotations
 
@@ -32,6 +41,7 @@ class GPU:
     hbm_bytes_per_s: float
     nvlink_bytes_per_s: float  # all-gather bus bandwidth between GPUs of one node
     host_bytes_per_s: float  # pinned host <-> device copies
+    per_node: int = 8  # GPUs a node holds (NVLink reaches these)
 
 
 GPUS = {
@@ -44,6 +54,21 @@ GPUS = {
 
 
 @dataclass(frozen=True)
+class Network:
+    """Between nodes (an assumption, not measured here): each GPU's share of its node's NICs, and a message's latency.
+    The default: 400 Gb/s a GPU (one 400G InfiniBand NDR NIC per GPU, the usual H100/H200 node), 50 GB/s at best;
+    collectives over it reach ~80% of that."""
+
+    gbps_per_gpu: float = 400.0
+    efficiency: float = 0.8
+    latency_s: float = 10e-6
+
+    @property
+    def bytes_per_s(self) -> float:
+        return self.gbps_per_gpu * 1e9 / 8 * self.efficiency
+
+
+@dataclass(frozen=True)
 class Costs:
     """Efficiencies measured on H200s (sources in the comments); see the module docstring for where they enter."""
 
@@ -52,12 +77,19 @@ class Costs:
     # log-prob forward MFU, the old log-probs with entropy (four_gpu 1.5B: 0.92 s for 68.6k tokens -> 0.23;
     # megatron_scale 7B: 1.07 s for 34.3k tokens -> 0.49)
     forward_mfu: tuple[tuple[int, float], ...] = ((1536, 0.23), (3584, 0.49))
-    # vLLM decode: seconds per sequence per step (megatron_scale 1.5B: 128 sequences, 3.9 ms a step)
-    per_sequence_s: float = 3.0e-5
-    engine_wake_sleep_s: float = 0.15
-    # guesses (not measured yet): tensor-parallel efficiency of the training GEMMs and the per-layer all-reduces
+    # vLLM decode, fitted on the 2026-11-27 4 x H200 rows (generate 1.66 s for 128 sequences of the 7B on one GPU,
+    # 1.34 s for 32 a replica at tp_g=1 x dp_g=4; 1.5B 1.69 s for 256, 1.08 s for 64): a fixed 2.2 ms a decode
+    # step and 13 us a sequence; tp_g=2 (1.68 s, 64 a replica) and tp_g=4 (2.08 s, 128) leave 35 us x log2(tp_g)
+    # for each of the 2 L NCCL all-reduces
+    decode_step_s: float = 2.2e-3
+    per_sequence_s: float = 1.3e-5
+    allreduce_latency_s: float = 3.5e-5
+    # the engine's wake/sleep and the training state's moves around it: gen minus generate on those rows, 0.4 s
+    # (1.5B) to 2.2 s (7B on one GPU), ~0.045 s per GB of parameters + gradients a GPU holds
+    engine_wake_sleep_s: float = 0.25
+    wake_s_per_gb: float = 0.045
+    # guesses (not measured apart from the step times): tensor-parallel efficiency of the training GEMMs
     tp_efficiency: tuple[tuple[int, float], ...] = ((1, 1.0), (2, 0.85), (4, 0.75), (8, 0.6))
-    allreduce_latency_s: float = 2.0e-5
     other_s: float = 0.1  # reward, advantages, dispatch
 
 
@@ -76,7 +108,18 @@ def _matmul_params(shape: ModelShape) -> int:
     return shape.active_params - shape.embedding_params() + (shape.embedding_params() if shape.tie_word_embeddings else 0)
 
 
-def step_seconds(run: RunConfig, shape: ModelShape, gpu: GPU, costs: Costs = Costs()) -> dict[str, float]:
+def _link(gpu: GPU, net: Network, stride: int, size: int) -> float:
+    """Bytes/s of a group of `size` ranks `stride` apart: NVLink inside a node, the network once it spans nodes."""
+    return gpu.nvlink_bytes_per_s if stride * size <= gpu.per_node else min(gpu.nvlink_bytes_per_s, net.bytes_per_s)
+
+
+def _ring(nbytes: float, size: int, bandwidth: float) -> float:
+    """A reduce-scatter or all-gather of `nbytes` over `size` ranks."""
+    return nbytes * (size - 1) / size / bandwidth if size > 1 else 0.0
+
+
+def step_seconds(run: RunConfig, shape: ModelShape, gpu: GPU, costs: Costs = Costs(),
+                 net: Network = Network()) -> dict[str, float]:
     """Predicted seconds of each phase of one step and their sum under "step"."""
     d, cfg = run.derived, run.cfg
     a, r, batch = d.actor, d.rollout, d.actor_batch
@@ -89,26 +132,48 @@ def step_seconds(run: RunConfig, shape: ModelShape, gpu: GPU, costs: Costs = Cos
     micro = max(1, math.ceil(per_gpu_tokens / max(batch.max_token_len_per_gpu, 1)))
     fill = micro / (micro + a.pp - 1)  # the pipeline's bubble
     eff = _tp_efficiency(costs, a.tp) * fill
+    layers = shape.num_layers / a.pp
+    stage_params = shape.params / model_parallel
+    recompute = recompute_enabled(cfg.actor_rollout_ref.model, cfg.actor_rollout_ref.actor.megatron)
+    passes = 4 if recompute else 3  # forward (again with recompute), backward's two
 
-    per_step = costs.per_sequence_s * samples / r.dp + 2 * shape.params / r.tp / gpu.hbm_bytes_per_s
+    # generation: one replica's decode steps, the engine's wake/sleep
+    per_step = (costs.decode_step_s + costs.per_sequence_s * samples / r.dp
+                + 2 * shape.active_params / r.tp / gpu.hbm_bytes_per_s)
     if r.tp > 1:
-        per_step += 2 * shape.num_layers * costs.allreduce_latency_s
-    gen = response * per_step + costs.engine_wake_sleep_s
+        per_step += 2 * shape.num_layers * costs.allreduce_latency_s * math.log2(r.tp)
+    train_state_gb = 6 * stage_params / 1e9  # bf16 params + fp32 grads a GPU holds through the step
+    gen = response * per_step + costs.engine_wake_sleep_s + costs.wake_s_per_gb * train_state_gb
+
+    # the weights into the engine; the other pipeline stages' weights come from their ranks
+    sync = 2 * shape.params / r.tp / gpu.hbm_bytes_per_s
+    if a.pp > 1:
+        sync += _ring(2 * shape.params / a.tp, a.pp, _link(gpu, net, a.tp * a.cp * a.dp, a.pp))
+
+    # the tokens' exchanges: MoE all-to-all over ep, cp's KV ring, pipeline sends (bf16 activations)
+    act = per_gpu_tokens * shape.hidden_size * 2
+    moe = 0.0
+    if shape.is_moe and a.ep > 1:
+        moe = layers * 2 * _ring(act * shape.moe_topk, a.ep, _link(gpu, net, a.expert_tp, a.ep))
+    cp_kv = layers * _ring(per_gpu_tokens * 2 * shape.kv_width * 2 * a.cp, a.cp, _link(gpu, net, a.tp, a.cp))
+    pp_send = 2 * act / a.tp / _link(gpu, net, a.tp * a.cp * a.dp, a.pp) if a.pp > 1 else 0.0
 
     forward = 2 * n * per_gpu_tokens / model_parallel / (gpu.peak_flops * _interpolate(costs.forward_mfu, shape.hidden_size) * eff)
-    log_probs = forward * (2 if d.use_reference else 1)
+    log_probs = (forward + moe + cp_kv + pp_send) * (2 if d.use_reference else 1)
 
-    recompute = recompute_enabled(cfg.actor_rollout_ref.model, cfg.actor_rollout_ref.actor.megatron)
-    train_flops = (8 if recompute else 6) * n * per_gpu_tokens / model_parallel * batch.ppo_epochs
+    train_flops = (passes * 2) * n * per_gpu_tokens / model_parallel * batch.ppo_epochs
     update = train_flops / (gpu.peak_flops * _interpolate(costs.train_mfu, shape.hidden_size) * eff)
-    grads = 4 * shape.params / model_parallel  # fp32 gradients of this rank's shard
-    if a.dp > 1:
-        update += grads * (a.dp - 1) / a.dp / gpu.nvlink_bytes_per_s * batch.optimizer_steps_per_step
-    optimizer_bytes = 12 * shape.params / model_parallel / (a.dp * a.cp)
+    update += (moe + cp_kv + pp_send) * passes * batch.ppo_epochs
+    dense = shape.params - (shape.num_layers * shape.layer_expert_params() if shape.is_moe else 0)
+    grads = _ring(4 * dense / model_parallel, a.dp * a.cp, _link(gpu, net, a.tp, a.dp * a.cp))
+    if shape.is_moe:
+        experts = 4 * shape.num_layers * shape.layer_expert_params() / (a.pp * a.ep * a.expert_tp)
+        grads += _ring(experts, a.expert_dp, _link(gpu, net, a.expert_tp * a.ep, a.expert_dp))
+    update += 2 * grads * batch.optimizer_steps_per_step  # reduce-scatter, then the parameters' all-gather
+    optimizer_bytes = 12 * stage_params / (a.dp * a.cp)
     offload = 0.0
     if cfg.actor_rollout_ref.actor.megatron.optimizer_offload:
-        offload = 2 * optimizer_bytes / gpu.host_bytes_per_s
-    sync = 2 * shape.params / r.tp / gpu.hbm_bytes_per_s
+        offload = optimizer_bytes / gpu.host_bytes_per_s  # back for the update; the way out is in gen's wake/sleep
     out = {"gen": gen, "sync": sync, "log_probs": log_probs, "update": update, "optimizer_offload": offload,
            "other": costs.other_s}
     out["step"] = sum(out.values())

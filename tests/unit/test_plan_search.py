@@ -3,6 +3,7 @@ benchmarks/results/plan_calibration.json), and a search that ranks only layouts 
 from __future__ import annotations
 
 import json
+import math
 import os
 
 import pytest
@@ -26,10 +27,79 @@ def _run(overrides: list[str], gpus: int):
     return validate(cfg, cuda_available=lambda: True, te_available=lambda: True)
 
 
-@pytest.mark.parametrize("row", ROWS, ids=[r["name"] for r in ROWS])
-def test_predicted_step_within_30_percent_of_the_measured_one(row):
+# Rows the model misses by more than the 20% goal, each with why (reported as plan_step_time_error_max's excess):
+# the 4 x H200 pp2 x dp2 7B run updated in 1.06 s with recompute and the optimizer's onload, faster than the
+# FLOPs at the 1-GPU run's MFU allow (1.9 s predicted): the pipeline's micro-batches are not modeled as measured.
+KNOWN_MISSES = {"h200x4_7b_pp2dp2"}
+
+
+def _error(row) -> float:
     predicted = step_seconds(_run(row["overrides"], row["gpus"]), resolve(row["model"]), gpu_named(row["gpu"]))["step"]
-    assert 0.7 <= predicted / row["step_s"] <= 1.3, (row["name"], predicted, row["step_s"])
+    return predicted / row["step_s"] - 1
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r["name"] for r in ROWS])
+def test_predicted_step_within_20_percent_of_the_measured_one(row):
+    err = _error(row)
+    bound = 0.4 if row["name"] in KNOWN_MISSES else 0.2
+    assert abs(err) <= bound, (row["name"], err)
+
+
+def test_plan_step_time_error_max_over_every_row():
+    errors = {r["name"]: abs(_error(r)) for r in ROWS}
+    worst = max(errors.values())
+    print(f"plan_step_time_error_max={worst:.3f} ({max(errors, key=errors.get)}); without the known misses: "
+          f"{max(e for n, e in errors.items() if n not in KNOWN_MISSES):.3f}")
+    assert {n for n, e in errors.items() if e > 0.2} == KNOWN_MISSES
+    assert len([r for r in ROWS if r["name"].startswith("h200x4_")]) == 6  # the 2026-11-27 4 x H200 rows are in
+
+
+def test_decode_is_latency_bound_and_tp_g_pays_an_all_reduce_a_layer():
+    """Against the measured generate times of the 4 x H200 7B rows: a replica's decode step barely falls with fewer
+    sequences, and tp_g=4 (128 sequences a replica) decodes slower than tp_g=1 x dp_g=4 (32) despite a quarter of the
+    weights a GPU."""
+    from hybridrl.plan.step_time import Costs
+
+    c, layers = Costs(), 28
+    step = {name: c.decode_step_s + c.per_sequence_s * seqs + (2 * layers * c.allreduce_latency_s * math.log2(tp) if tp > 1 else 0)
+            for name, seqs, tp in (("tp1_32", 32, 1), ("tp2_64", 64, 2), ("tp4_128", 128, 4))}
+    measured = {"tp1_32": 1.34, "tp2_64": 1.68, "tp4_128": 2.08}  # generate seconds for 256 decode steps
+    assert step["tp1_32"] < step["tp2_64"] < step["tp4_128"]
+    for name, seconds in measured.items():  # the per-step cost without the weights' read, within 30 ms of 256 steps
+        weights = 2 * 7.6e9 / int(name[2]) / 4.8e12
+        assert abs((step[name] + weights) * 256 - seconds) < 0.35, (name, (step[name] + weights) * 256, seconds)
+
+
+@pytest.mark.parametrize("name", ["Qwen2.5-72B", "Qwen3-30B-A3B"])
+def test_kept_hf_configs_give_the_published_shapes(name):
+    from dataclasses import replace
+
+    kept = resolve(os.path.join(ROOT, "benchmarks", "plan_models", name))
+    assert replace(kept, name="", source="") == replace(resolve(name), name="", source="")
+    assert round(kept.params / 1e9, 1) == {"Qwen2.5-72B": 72.7, "Qwen3-30B-A3B": 30.5}[name]
+
+
+def test_a_slower_network_slows_the_gradient_traffic_that_crosses_nodes():
+    from hybridrl.plan.step_time import Network
+
+    job = ["actor_rollout_ref.actor.megatron.tensor_model_parallel_size=8"]
+    shape, gpu = resolve("Qwen2.5-14B"), gpu_named("H200")
+    cfg = load_config(JOB + job + ["trainer.n_gpus_per_node=8", "trainer.nnodes=4", "actor_rollout_ref.rollout.name=vllm",
+                                   "trainer.device=cuda"], "grpo_trainer", None)
+    run = validate(cfg, cuda_available=lambda: True, te_available=lambda: True)
+    fast, slow = (step_seconds(run, shape, gpu, net=Network(gbps_per_gpu=g)) for g in (400, 100))
+    # dp=4 over 4 nodes: the fp32 gradients' reduce-scatter + all-gather, 14.8e9 x 4 / 8 bytes a GPU, at 40 vs 10 GB/s
+    grads = 2 * 4 * shape.params / 8 * 3 / 4
+    assert slow["update"] - fast["update"] == pytest.approx(grads / 10e9 - grads / 40e9, rel=0.05)
+    assert slow["gen"] == fast["gen"] and slow["log_probs"] == fast["log_probs"]
+
+
+def test_search_covers_ep_for_experts_and_refuses_beyond_1024_gpus(capsys):
+    code, out = _search(capsys, "--model-config", "Qwen3-30B-A3B", "--gpus", "16", "--gpu-mem-gb", "139.8")
+    assert code == 0 and {c["ep"] for c in out["ranked"]} >= {1, 2, 4, 8}
+    assert out["network_gbps_per_gpu"] == 400.0
+    code, out = _search(capsys, "--model-config", "Qwen2.5-7B", "--gpus", "2048", "--gpu-mem-gb", "139.8")
+    assert code == 2
 
 
 def _search(capsys, *args: str) -> tuple[int, dict]:
@@ -42,7 +112,11 @@ def test_one_and_a_half_b_on_two_gpus_ranks_data_parallel_first(capsys):
     code, out = _search(capsys, "--model-config", "Qwen2.5-1.5B", "--gpus", "2", "--gpu-mem-gb", "139.8")
     assert code == 0 and out["ranked"]
     best = out["ranked"][0]
-    assert (best["tp"], best["pp"], best["dp"], best["tp_g"], best["dp_g"]) == (1, 1, 2, 1, 2)
+    # measured: dp2 (and vLLM tp_g1 x dp_g2) beat tp2; pp2 was not measured on this shape (the 4-GPU 7B pp2 x dp2
+    # run was the fastest 7B layout), and the model puts it within 2% of dp2
+    assert best["tp"] == 1 and (best["tp_g"], best["dp_g"]) == (1, 2)
+    rank = {(c["tp"], c["pp"], c["tp_g"], c["optimizer_offload"], c["recompute"]): i for i, c in enumerate(out["ranked"])}
+    assert rank[(1, 1, 1, False, False)] < rank[(2, 1, 2, False, False)]
     assert not best["optimizer_offload"] and not best["recompute"]  # both fit, both only cost time here
     steps = [c["predicted_seconds"]["step"] for c in out["ranked"]]
     assert steps == sorted(steps)
