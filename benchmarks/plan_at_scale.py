@@ -95,6 +95,11 @@ cost), and it shrinks with dp_g only through the per-sequence part, which is why
 that fits the weights; training shrinks with the GPUs until the gradients' reduce-scatter over the network and the
 pipeline's bubble take over. With the slower network the search moves to layouts that keep more of the gradient
 traffic inside a node (larger tp or pp, smaller dp).
+
+Qwen3-30B-A3B never gets ep > 1 here: the model counts an MoE layer's compute at the dense MFU of its active
+weights, so expert parallelism only adds its all-to-all, and the experts' memory fits without it. Real MoE training
+gains from ep through larger grouped GEMMs, which were not measured here; until a measured MoE row is in the
+calibration data, take the ep choice from the MoE presets (configs/parallel/qwen3_30b_a3b_*.yaml), not from this table.
 """
 
 if __name__ == "__main__":

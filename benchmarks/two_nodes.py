@@ -83,13 +83,35 @@ def _session_kill(proc: subprocess.Popen) -> None:
             pass
 
 
+def _wait_for_nodes(env: dict, port: int, n: int, nodes: list, timeout: float = 120) -> None:
+    """Until `ray status` counts n live nodes; fails when a node's process has exited or after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(p.poll() is not None for p in nodes):
+            raise RuntimeError("a Ray node exited while starting: see ray_node*.log")
+        try:
+            out = subprocess.run(["ray", "status", f"--address=127.0.0.1:{port}"], env=env, capture_output=True,
+                                 text=True, timeout=20).stdout
+        except subprocess.TimeoutExpired:
+            continue
+        if out.count(" node_") >= n:
+            return
+        time.sleep(1)
+    raise RuntimeError(f"fewer than {n} Ray node(s) up after {timeout} s")
+
+
 def run_one(run: Run, out_dir: str, cpu: bool, model: str, data: tuple[str, str], timeout: float) -> dict:
     os.makedirs(out_dir, exist_ok=False)  # a run's folder is made fresh, never reused
     ray_tmp = tempfile.mkdtemp(prefix="hrl2n", dir="/tmp")  # Ray's socket paths must stay short
     gpus, per_node = 4, 4 // run.nodes
     port = _free_port()
+    token = os.path.join(ray_tmp, "token")  # Ray 2.60's token authentication: one token for the nodes and the job
+    with open(token, "w") as f:
+        f.write(os.urandom(32).hex())
+    bin_dir = os.path.dirname(sys.executable)
     env = {**os.environ, **run.env, "RAY_PORT": str(port), "NODE_IP": "127.0.0.1", "RAY_BLOCK": "1",
-           "PYTHON": sys.executable}
+           "PYTHON": sys.executable, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+           "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": token}
     nodes = []
     try:
         for i in range(run.nodes):
@@ -108,8 +130,7 @@ def run_one(run: Run, out_dir: str, cpu: bool, model: str, data: tuple[str, str]
             log = open(os.path.join(out_dir, f"ray_node{i}.log"), "w")
             nodes.append(subprocess.Popen(["bash", RAY_START, "worker" if i else "head"], env=node_env, stdout=log,
                                           stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT))
-            time.sleep(8 if i == 0 else 0)
-        time.sleep(8)
+            _wait_for_nodes(env, port, i + 1, nodes)
         job = CPU_JOB if cpu else GPU_JOB
         args = [*job, f"data.train_files={data[0]}", f"data.val_files={data[1]}", f"actor_rollout_ref.model.path={model}",
                 f"trainer.default_local_dir={os.path.join(out_dir, 'ckpt')}"]
@@ -146,7 +167,7 @@ def report(in_dir: str, out: str) -> dict:
     metrics: dict = {}
     for name, rows in runs.items():
         metrics[f"{name}_step_s"] = _median(rows, "timing_s/step")
-        metrics[f"{name}_sync_s"] = _median(rows, "timing_s/sync") or _median(rows, "timing_s/update_weights")
+        metrics[f"{name}_sync_s"] = _median(rows, "timing_s/reshard")  # the weights into the engine
         log = os.path.join(in_dir, name, "job.log")
         metrics[f"{name}_nccl_socket_seen"] = os.path.exists(log) and "NET/Socket" in open(log, errors="replace").read()
     for name in ("two_nodes_socket", "two_nodes_nop2p"):
