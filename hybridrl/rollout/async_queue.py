@@ -7,17 +7,24 @@ first in first out and drops those whose lag exceeds the bound (counted). Nothin
 """
 from __future__ import annotations
 
+import json
+import logging
 import os
 import threading
 import time
 from collections import deque
 from typing import Optional
 
+import numpy as np
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from hybridrl.protocol import DataProto
 
 from .continuous import VERSIONS_KEY
+
+log = logging.getLogger(__name__)
 
 
 def version_span(group: DataProto) -> tuple[int, int]:
@@ -111,18 +118,42 @@ class SampleQueue:
 
     def spill(self, folder: str, extra: Optional[list[DataProto]] = None) -> Optional[str]:
         """Write every queued group (plus `extra`, groups taken but not trained on) to a new file in `folder`;
-        its path, or None when there was nothing to write."""
+        its path, or None when there was nothing to write. safetensors for the tensors and JSON for the rest, so
+        reading it back runs no pickle (tests/unit/test_security.py)."""
         with self._cond:
             groups = list(extra or []) + list(self._groups)
         if not groups:
             return None
         os.makedirs(folder, exist_ok=True)
-        path = os.path.join(folder, f"samples_{time.strftime('%Y%m%d_%H%M%S')}_{os.getpid()}.pt")
-        torch.save([{"batch": g.batch, "non_tensor_batch": g.non_tensor_batch, "meta_info": g.meta_info}
-                    for g in groups], path)
+        path = os.path.join(folder, f"samples_{time.strftime('%Y%m%d_%H%M%S')}_{os.getpid()}.safetensors")
+        tensors = {f"{i}/{k}": t.detach().cpu().contiguous().clone() for i, g in enumerate(groups) for k, t in g.batch.items()}
+        rest = [{"non_tensor_batch": {k: list(v) for k, v in g.non_tensor_batch.items()}, "meta_info": g.meta_info,
+                 "batch_keys": list(g.batch)} for g in groups]
+        lossy: set[str] = set()
+        text = json.dumps(rest, default=lambda o: _jsonable(o, lossy))
+        if lossy:  # written as their repr(): the file still holds every sample's tokens and versions
+            log.warning("async queue spill %s: values of type %s written as text", path, sorted(lossy))
+        save_file(tensors, path, metadata={"groups": text, "format": "hybridrl.async_queue/1"})
         return path
+
+
+def _jsonable(o: object, lossy: set[str]) -> object:
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    lossy.add(type(o).__name__)
+    return repr(o)
 
 
 def load_spilled(path: str) -> list[DataProto]:
     """The groups `SampleQueue.spill` wrote."""
-    return [DataProto(d["batch"], d["non_tensor_batch"], d["meta_info"]) for d in torch.load(path, weights_only=False)]
+    with safe_open(path, "pt") as f:
+        groups = json.loads(f.metadata()["groups"])
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    out = []
+    for i, g in enumerate(groups):
+        batch = {k: tensors[f"{i}/{k}"] for k in g["batch_keys"]}
+        non_tensor = {k: np.array(v + [None], dtype=object)[:-1] for k, v in g["non_tensor_batch"].items()}
+        out.append(DataProto(batch, non_tensor, g["meta_info"]))
+    return out

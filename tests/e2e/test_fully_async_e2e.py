@@ -83,7 +83,7 @@ def test_killed_rollout_worker_fails_fast_and_keeps_the_finished_samples(tmp_pat
     text = open(tmp_path / "stdout.txt").read()
     assert code != 0, text[-3000:]
     assert re.search(rf"worker 'rollout' rank 0 \(pid {pid}", text), text[-4000:]
-    spilled = re.search(r"finished sample groups were written to (\S+\.pt)", text)
+    spilled = re.search(r"finished sample groups were written to (\S+\.safetensors)", text)
     assert spilled, text[-4000:]
     groups = torch.load(spilled[1], weights_only=False)
     assert groups, "the queue held finished groups when the worker died (staleness_threshold=2)"
