@@ -17,7 +17,8 @@ import sys
 import time
 
 import pytest
-import torch
+
+from hybridrl.rollout.async_queue import load_spilled
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -85,11 +86,11 @@ def test_killed_rollout_worker_fails_fast_and_keeps_the_finished_samples(tmp_pat
     assert re.search(rf"worker 'rollout' rank 0 \(pid {pid}", text), text[-4000:]
     spilled = re.search(r"finished sample groups were written to (\S+\.safetensors)", text)
     assert spilled, text[-4000:]
-    groups = torch.load(spilled[1], weights_only=False)
+    groups = load_spilled(spilled[1])
     assert groups, "the queue held finished groups when the worker died (staleness_threshold=2)"
     for g in groups:  # whole groups: rollout.n rows of one prompt, every generated token tagged with its version
-        b = g["batch"]
-        assert b["responses"].shape[0] == 8 and len(set(g["non_tensor_batch"]["uid"])) == 1
+        b = g.batch
+        assert b["responses"].shape[0] == 8 and len(set(g.non_tensor_batch["uid"])) == 1
         made = b["response_mask"].bool()
         assert made.any(-1).all() and (b["rollout_versions"][made] >= 0).all()
         assert (b["rollout_versions"][~made] == -1).all()
