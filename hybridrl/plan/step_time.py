@@ -45,7 +45,7 @@ class GPU:
 
 
 GPUS = {
-    # H200: 4.8 TB/s HBM; NVLink all-gather 248 GB/s bus (four_gpu.json, 2026-11-27); host copies ~50 GB/s
+    # H200: 4.8 TB/s HBM; NVLink all-gather 248 GB/s bus (four_gpu_h200x2.json, 2 x H200, 2026-11-27; 316 GB/s over 4: four_gpu.json); host copies ~50 GB/s
     # (85 GB of Adam state in 1.72 s, megatron_speed.md)
     "H200": GPU("H200", 989e12, 4.8e12, 248e9, 50e9),
     # H100 SXM: 3.35 TB/s HBM (datasheet); the rest taken as the H200's (the same NVLink and host link)
@@ -72,7 +72,7 @@ class Network:
 class Costs:
     """Efficiencies measured on H200s (sources in the comments); see the module docstring for where they enter."""
 
-    # forward+backward MFU at hidden 1536 (four_gpu.json 1p5b_1gpu: 0.336) and 3584 (megatron_speed.json 7B: 0.502)
+    # forward+backward MFU at hidden 1536 (four_gpu_h200x2.json 1p5b_1gpu: 0.336) and 3584 (megatron_speed.json 7B: 0.502)
     train_mfu: tuple[tuple[int, float], ...] = ((1536, 0.336), (3584, 0.502))
     # log-prob forward MFU, the old log-probs with entropy (four_gpu 1.5B: 0.92 s for 68.6k tokens -> 0.23;
     # megatron_scale 7B: 1.07 s for 34.3k tokens -> 0.49)
