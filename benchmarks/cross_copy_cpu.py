@@ -24,9 +24,9 @@ REPS = 5
 def build(hf_dir: str, tp: int, pp: int):
     from hybridrl.adapters.megatron.actor import MegatronActor
     from hybridrl.adapters.megatron.parallel import layout_for
+    from hybridrl.config.layout import BatchPlan
     from hybridrl.config.schema.actor import ActorConfig, ModelConfig
     from hybridrl.config.schema.common import MegatronConfig, OptimConfig
-    from hybridrl.config.validate import BatchPlan
 
     layout = layout_for(dist.get_world_size(), tp=tp, pp=pp)
     megatron = MegatronConfig(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, seed=7)

@@ -137,9 +137,9 @@ def parity(args: argparse.Namespace) -> None:
 
     from hybridrl.adapters.megatron import compat, parallel
     from hybridrl.adapters.megatron.actor import MegatronActor
+    from hybridrl.config.layout import BatchPlan
     from hybridrl.config.schema.actor import ActorConfig, ModelConfig
     from hybridrl.config.schema.common import MegatronConfig, OptimConfig
-    from hybridrl.config.validate import BatchPlan
     from hybridrl.protocol import DataProto
 
     if args.cpu:

@@ -165,9 +165,9 @@ def model_flops(arch, lengths: torch.Tensor) -> float:
 def build_actor(hf_dir: str, args: argparse.Namespace):
     from hybridrl.adapters.megatron import compat, parallel
     from hybridrl.adapters.megatron.actor import MegatronActor
+    from hybridrl.config.layout import BatchPlan, ParallelLayout
     from hybridrl.config.schema.actor import ActorConfig, ModelConfig
     from hybridrl.config.schema.common import MegatronConfig, OptimConfig
-    from hybridrl.config.validate import BatchPlan, ParallelLayout
 
     if args.cpu_dry_run:
         compat.apply(force_cpu=True)

@@ -16,8 +16,8 @@ import torch
 
 from hybridrl.adapters.base import ActorModel
 from hybridrl.algos import ActorObjective, GlobalBatch
+from hybridrl.config.layout import BatchPlan, ParallelLayout
 from hybridrl.config.schema.actor import ActorConfig, ModelConfig, RefConfig
-from hybridrl.config.validate import BatchPlan, ParallelLayout
 from hybridrl.protocol import DataProto
 
 from .forward import MicroBatch, response_log_probs

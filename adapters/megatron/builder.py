@@ -17,7 +17,7 @@ from typing import Any, Optional
 import torch
 import torch.nn.functional as F
 
-from hybridrl.config.validate import ParallelLayout
+from hybridrl.config.layout import ParallelLayout
 
 from . import attention, compat, moe
 from .hf_config import ModelArch, check_expert_layout, check_layout

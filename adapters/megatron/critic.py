@@ -9,8 +9,8 @@ import torch
 
 from hybridrl.adapters.base import CriticModel
 from hybridrl.algos import masked_sum, value_loss
+from hybridrl.config.layout import BatchPlan, ParallelLayout
 from hybridrl.config.schema.critic import CriticConfig
-from hybridrl.config.validate import BatchPlan, ParallelLayout
 from hybridrl.protocol import DataProto
 
 from .actor import global_batch

@@ -19,8 +19,8 @@ from typing import Any, Callable, Iterable, Optional
 import torch
 import torch.distributed as dist
 
+from hybridrl.config.layout import ParallelLayout
 from hybridrl.config.schema.common import OptimConfig
-from hybridrl.config.validate import ParallelLayout
 
 from . import compat, moe
 from .builder import unwrap, wrap_ddp

@@ -34,8 +34,8 @@ from typing import Any, Iterator, Mapping, Optional
 import torch
 import torch.nn.functional as F
 
+from hybridrl.config.layout import ParallelLayout
 from hybridrl.config.lora_checks import lora_targets
-from hybridrl.config.validate import ParallelLayout
 
 from .builder import unwrap
 from .hf_config import ModelArch

@@ -15,8 +15,8 @@ from typing import Any, Iterator, Optional
 import torch
 import torch.distributed as dist
 
+from hybridrl.config.layout import ParallelLayout
 from hybridrl.config.lora_checks import lora_targets
-from hybridrl.config.validate import ParallelLayout
 
 from .builder import unwrap
 from .hf_config import ModelArch

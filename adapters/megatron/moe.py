@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from hybridrl.config.validate import ParallelLayout
+from hybridrl.config.layout import ParallelLayout
 
 from .hf_config import ModelArch
 

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from hybridrl.adapters.base import DispatchInfo
-from hybridrl.config.validate import ParallelLayout
+from hybridrl.config.layout import ParallelLayout
 
 from . import compat
 

@@ -18,8 +18,8 @@ from typing import Any, Optional
 
 import torch
 
+from hybridrl.config.layout import ParallelLayout
 from hybridrl.config.schema.critic import RewardModelConfig
-from hybridrl.config.validate import ParallelLayout
 from hybridrl.protocol import DataProto
 
 from .forward import MicroBatch, gather_response, sum_over_cp

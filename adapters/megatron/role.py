@@ -12,8 +12,8 @@ from typing import Any, Collection, Iterator, Optional
 import torch
 
 from hybridrl.adapters.base import DispatchInfo, OffloadReport, WeightBucket, WeightRegion
+from hybridrl.config.layout import ParallelLayout
 from hybridrl.config.schema.common import MegatronConfig, OptimConfig
-from hybridrl.config.validate import ParallelLayout
 
 from . import checkpoint, lora_io, offload, parallel
 from . import lora as lora_mod

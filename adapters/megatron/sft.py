@@ -13,8 +13,8 @@ from typing import Optional
 import torch
 
 from hybridrl.algos.sft import sft_loss
+from hybridrl.config.layout import BatchPlan, ParallelLayout
 from hybridrl.config.schema.common import MegatronConfig, OptimConfig
-from hybridrl.config.validate import BatchPlan, ParallelLayout
 from hybridrl.protocol import DataProto
 
 from .actor import global_batch

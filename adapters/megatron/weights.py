@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from hybridrl.adapters.base import WeightBucket, WeightRegion
-from hybridrl.config.validate import ParallelLayout
+from hybridrl.config.layout import ParallelLayout
 
 from . import compat
 from .builder import unwrap

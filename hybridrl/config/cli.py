@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from typing import Iterator, Optional, Sequence
 
 from ..utils import logs
+from .layout import RunConfig
 from .loader import ConfigError, load_config, to_yaml
-from .validate import RunConfig, validate
+from .validate import validate
 
 
 @dataclass(frozen=True)

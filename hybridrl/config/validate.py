@@ -8,19 +8,19 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from .algorithm_checks import AlgorithmPlan, check_algorithm
+from .algorithm_checks import check_algorithm
 from .attention_backends import BACKENDS, backend_name
+from .layout import BatchPlan, Derived, ParallelLayout, RunConfig
 from .lora_checks import check_lora
-from .placement import Placement, check_placement
+from .placement import check_placement
 from .problems import Problems as _Problems
 from .problems import choices as _choices
 from .problems import did_you_mean as _did_you_mean
 from .problems import registry_names as _registry_names
-from .reward_checks import RewardPlan, check_reward_model
-from .rollout_checks import RolloutLayout, check_multi_turn, check_rollout
+from .reward_checks import check_reward_model
+from .rollout_checks import check_multi_turn, check_rollout
 from .schema import MegatronConfig, PPOConfig
 from .schema.common import LAYOUT_KEYS
 
@@ -41,107 +41,6 @@ NO_EFFECT = {
     "trainer.del_local_ckpt_after_load": False,
     "trainer.ray_wait_register_center_timeout": 300,
 }
-
-
-@dataclass(frozen=True)
-class ParallelLayout:
-    """Megatron layout of one role (ranks = tp * pp * cp * dp).
-
-    Experts (mixture-of-experts models) are laid out separately over the same ranks: each pipeline stage's
-    tp * cp * dp ranks are split into ep groups of etp ranks; ep ranks hold different experts, etp ranks
-    split each expert's ffn, and the remaining (tp * cp * dp) / (ep * etp) are the experts' data parallel.
-    """
-
-    world_size: int
-    tp: int
-    pp: int
-    cp: int
-    vpp: Optional[int]
-    dp: int
-    sequence_parallel: bool
-    dtype: str
-    ep: int = 1
-    etp: Optional[int] = None  # None: the same as tp (megatron's default)
-
-    @property
-    def expert_tp(self) -> int:
-        return self.etp or self.tp
-
-    @property
-    def expert_dp(self) -> int:
-        return self.tp * self.cp * self.dp // (self.ep * self.expert_tp)
-
-
-@dataclass(frozen=True)
-class BatchPlan:
-    """How one training step's samples become optimizer steps and micro-batches for a role."""
-
-    samples_per_step: int
-    mini_batch_samples: int  # global samples per optimizer step
-    mini_batches_per_epoch: int
-    ppo_epochs: int
-    mini_batch_per_dp: int  # samples per optimizer step on one dp rank
-    micro_batch_per_gpu: Optional[int]  # None with dynamic batch size
-    grad_accum: Optional[int]
-    use_dynamic_bsz: bool
-    max_token_len_per_gpu: int
-    forward_micro_batch_per_gpu: Optional[int]  # log-prob / value forward passes
-    forward_max_token_len_per_gpu: int
-
-    @property
-    def optimizer_steps_per_step(self) -> int:
-        return self.mini_batches_per_epoch * self.ppo_epochs
-
-
-@dataclass(frozen=True)
-class Derived:
-    device: str  # cuda | cpu
-    world_size: int
-    actor: ParallelLayout
-    rollout: RolloutLayout
-    actor_batch: BatchPlan
-    ref_forward_micro_batch_per_gpu: Optional[int]
-    use_reference: bool
-    use_critic: bool
-    critic: Optional[ParallelLayout]
-    critic_batch: Optional[BatchPlan]
-    algorithm: Optional[AlgorithmPlan] = None  # None only in Derived objects built by hand (tests)
-    placement: Placement = field(default_factory=Placement)
-    notes: tuple[str, ...] = field(default_factory=tuple)
-    reward: RewardPlan = field(default_factory=RewardPlan)  # reward model / judge / how rewards combine
-
-
-@dataclass(frozen=True)
-class RunConfig:
-    """A validated job: the frozen user config plus the derived sizes."""
-
-    cfg: PPOConfig
-    derived: Derived
-
-    def summary(self) -> str:
-        d, c = self.derived, self.cfg
-        a, b = d.actor, d.actor_batch
-        lines = [
-            f"device={d.device} world={d.world_size} ({c.trainer.nnodes} node(s) x {c.trainer.n_gpus_per_node})",
-            f"actor layout: tp={a.tp} pp={a.pp} cp={a.cp} dp={a.dp} vpp={a.vpp} sp={a.sequence_parallel} dtype={a.dtype}"
-            + (f" ep={a.ep} etp={a.expert_tp} expert_dp={a.expert_dp}" if a.ep > 1 or a.etp else ""),
-            f"rollout: {d.rollout.engine} tp_g={d.rollout.tp} dp_g={d.rollout.dp} n={d.rollout.n}",
-            *([d.placement.describe()] if d.placement.split else []),
-            f"batch: {c.data.train_batch_size} prompts x n={d.rollout.n} = {b.samples_per_step} samples/step; "
-            f"{b.mini_batches_per_epoch} mini-batch(es) of {b.mini_batch_samples} samples x {b.ppo_epochs} epoch(s) "
-            f"= {b.optimizer_steps_per_step} optimizer step(s)/step",
-            f"per dp rank: {b.mini_batch_per_dp} samples/mini-batch, "
-            + (f"dynamic micro-batches <= {b.max_token_len_per_gpu} tokens" if b.use_dynamic_bsz
-               else f"micro-batch {b.micro_batch_per_gpu} -> grad accumulation {b.grad_accum}"),
-            f"roles: actor{'' if d.placement.split else '+rollout'}{'+ref' if d.use_reference else ''}"
-            f"{'+critic' if d.use_critic else ''} colocated" + (" (rollout apart)" if d.placement.split else ""),
-        ]
-        if d.algorithm is not None:
-            lines.append(f"algorithm: {d.algorithm.describe()}")
-        if d.reward.enabled:
-            lines.append(f"reward: {d.reward.describe()}")
-        lines += [f"note: {n}" for n in d.notes]
-        return "\n".join(lines)
 
 
 def _get(cfg: Any, dotted: str) -> Any:

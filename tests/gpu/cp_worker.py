@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import test_megatron_te as te  # noqa: E402  (its batch and actor builders)
 
 from hybridrl.adapters.megatron import parallel  # noqa: E402
-from hybridrl.config.validate import ParallelLayout  # noqa: E402
+from hybridrl.config.layout import ParallelLayout  # noqa: E402
 from hybridrl.protocol import DataProto  # noqa: E402
 
 

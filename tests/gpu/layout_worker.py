@@ -32,9 +32,9 @@ SAMPLES, MICRO = 16, 2  # one optimizer step of 16 samples, micro-batches of 2 o
 
 def build(model: str, layout, args: argparse.Namespace):
     from hybridrl.adapters.megatron.actor import MegatronActor
+    from hybridrl.config.layout import BatchPlan
     from hybridrl.config.schema.actor import ActorConfig, ModelConfig
     from hybridrl.config.schema.common import MegatronConfig, OptimConfig
-    from hybridrl.config.validate import BatchPlan
 
     megatron = MegatronConfig(tensor_model_parallel_size=args.tp, pipeline_model_parallel_size=args.pp,
                               virtual_pipeline_model_parallel_size=args.vpp, expert_model_parallel_size=args.ep,

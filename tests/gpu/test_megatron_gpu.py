@@ -70,9 +70,9 @@ def hf_reference(hf_dir: str, batch: dict, dtype: torch.dtype):
 
 
 def configs(hf_dir: str):
+    from hybridrl.config.layout import BatchPlan
     from hybridrl.config.schema.actor import ActorConfig, ModelConfig
     from hybridrl.config.schema.common import MegatronConfig, OptimConfig
-    from hybridrl.config.validate import BatchPlan
 
     megatron = MegatronConfig(use_distributed_optimizer=True, sequence_parallel=False, seed=1)
     actor = ActorConfig(ppo_mini_batch_size=SAMPLES, ppo_micro_batch_size_per_gpu=4, clip_ratio=0.2,

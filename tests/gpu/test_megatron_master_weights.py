@@ -41,9 +41,9 @@ def make_actor(hf_dir: str, layout, *, samples: int = SAMPLES, mini: int = SAMPL
     """A bf16 megatron actor (local spec, distributed optimizer) taking samples // mini optimizer steps an update;
     test_megatron_adam_trajectory builds its actor here too."""
     from hybridrl.adapters.megatron.actor import MegatronActor
+    from hybridrl.config.layout import BatchPlan
     from hybridrl.config.schema.actor import ActorConfig, ModelConfig
     from hybridrl.config.schema.common import MegatronConfig, OptimConfig
-    from hybridrl.config.validate import BatchPlan
 
     cfg = ActorConfig(ppo_mini_batch_size=mini, ppo_micro_batch_size_per_gpu=micro, loss_agg_mode="token-mean",
                       clip_ratio=clip_ratio,

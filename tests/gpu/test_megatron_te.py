@@ -71,9 +71,9 @@ def make_batch(seed: int = 0) -> dict[str, torch.Tensor]:
 
 def build(path: str, layout, impl: str, packed: bool = False, overrides: dict | None = None):
     from hybridrl.adapters.megatron.actor import MegatronActor
+    from hybridrl.config.layout import BatchPlan
     from hybridrl.config.schema.actor import ActorConfig, ModelConfig
     from hybridrl.config.schema.common import MegatronConfig, OptimConfig
-    from hybridrl.config.validate import BatchPlan
 
     megatron = MegatronConfig(use_distributed_optimizer=True, sequence_parallel=False, seed=1, transformer_impl=impl,
                               override_transformer_config=overrides or {})

@@ -75,7 +75,7 @@ def test_transformer_engine_names_are_megatrons_own_renaming_of_the_local_spec(a
 
 def test_te_named_shards_round_trip_bitwise_and_are_detected_from_the_model():
     from hybridrl.adapters.megatron.weights import topology
-    from hybridrl.config.validate import ParallelLayout
+    from hybridrl.config.layout import ParallelLayout
 
     arch = dataclasses.replace(ARCH, qk_norm=True)
     topo = Topology(tp=2, pp=1, te_names=True)

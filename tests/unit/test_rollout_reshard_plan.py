@@ -2,7 +2,8 @@
 import pytest
 from transformers import Qwen2Config
 
-from hybridrl.config.validate import ParallelLayout, RolloutLayout
+from hybridrl.config.layout import ParallelLayout
+from hybridrl.config.rollout_checks import RolloutLayout
 from hybridrl.hybrid.plan import ReshardPlan
 
 

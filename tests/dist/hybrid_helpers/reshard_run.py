@@ -31,7 +31,7 @@ from hybridrl.adapters.base import ActorModel
 from hybridrl.adapters.megatron import weights as megatron_weights
 from hybridrl.config.schema.actor import ActorConfig, ModelConfig
 from hybridrl.config.schema.common import MegatronConfig, OptimConfig
-from hybridrl.config.validate import BatchPlan
+from hybridrl.config.layout import BatchPlan
 from hybridrl.hybrid import ReshardPlan, SyncOptions, WeightSync, generate_sequences, logprob_gap
 from hybridrl.protocol import DataProto
 from hybridrl.rollout.base import SamplingParams

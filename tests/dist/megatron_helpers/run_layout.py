@@ -28,7 +28,7 @@ from hybridrl.adapters.megatron import parallel  # noqa: E402
 from hybridrl.config.schema.actor import ActorConfig, ModelConfig, RefConfig  # noqa: E402
 from hybridrl.config.schema.common import MegatronConfig, OptimConfig  # noqa: E402
 from hybridrl.config.schema.critic import CriticConfig, CriticModelConfig  # noqa: E402
-from hybridrl.config.validate import BatchPlan  # noqa: E402
+from hybridrl.config.layout import BatchPlan  # noqa: E402
 from hybridrl.protocol import DataProto  # noqa: E402
 
 N_SAMPLES = 12  # global batch of the PPO checks
