@@ -24,7 +24,7 @@ demo: setup
 	$(BIN)/python -m hybridrl.trainer.demo
 
 test: setup
-	$(BIN)/python -m pytest -q tests --timeout=$(TEST_TIMEOUT) -p no:cacheprovider
+	$(BIN)/python -m pytest -q tests --timeout=$(TEST_TIMEOUT) -p no:cacheprovider --durations=25
 
 test-fast: setup
 	$(BIN)/python -m pytest -q tests/unit --timeout=$(TEST_TIMEOUT) -p no:cacheprovider
