@@ -260,9 +260,10 @@ def _check_actor(cfg: PPOConfig, p: _Problems) -> None:
             f"{ARA}.model.use_remove_padding=false")
     if actor.optim.override_optimizer_config.get("optimizer_cpu_offload") and cfg.actor_rollout_ref.hybrid_engine:
         p.notes.append(f"{key}.optim.override_optimizer_config.optimizer_cpu_offload=true: megatron's CPU optimizer "
-                       "keeps its fp32 state in host memory beside what the hybrid engine pins there (a 7.6B model "
-                       "ran a 125 GiB host out of memory, 2026-11-25); the hybrid engine already keeps the optimizer "
-                       "state on the host except during its step (`hybridrl plan`: actor_step)")
+                       "keeps its fp32 state in host memory beside what the hybrid engine pins there (for a 7B "
+                       f"model, more than a 125 GiB host holds); with {key}.megatron.optimizer_offload=true the hybrid "
+                       "engine keeps the optimizer state on the host except during its step (`hybridrl plan`: "
+                       "actor_step)")
     for role, optim in ((f"{key}.optim", actor.optim), ("critic.optim", cfg.critic.optim)):
         p.check(optim.lr >= 0, f"{role}.lr={optim.lr} must be >= 0")
         p.check(0 <= optim.lr_warmup_steps_ratio <= 1, f"{role}.lr_warmup_steps_ratio must be in [0, 1]")

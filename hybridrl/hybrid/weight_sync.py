@@ -292,8 +292,8 @@ def _rank() -> int:
 
 def _wait_for_peers() -> float:
     """Seconds this rank waits for the slowest rank to finish offloading. Without this barrier the wait
-    lands inside the sync's first collective and is reported as sync time (the suspected cause of
-    2-GPU syncs of 0.04 s in one step and 0.6-0.7 s in the next, when offloads took 3-6 s)."""
+    lands inside the sync's first collective and is reported as sync time (sync times that swing with how
+    long each rank's offload took)."""
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return 0.0
     start = time.perf_counter()
