@@ -9,18 +9,19 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from .layout import BatchPlan, ParallelLayout
 from .problems import Problems, choices
 from .schema.sft import SFTConfig
 from .validate import (
     DECAY_STYLES,
     LOGGERS,
-    BatchPlan,
-    ParallelLayout,
     _check_transformer_impl,
     _check_transformer_overrides,
+    _cuda_available,
     _device,
     _divisor_near,
     _layout,
+    _te_available,
 )
 
 TRUNCATION = ("error", "left", "right")
@@ -58,15 +59,8 @@ class SFTRun:
 def validate_sft(cfg: SFTConfig, cuda_available: Optional[Callable[[], bool]] = None,
                  te_available: Optional[Callable[[], bool]] = None) -> SFTRun:
     """Check `cfg` and derive its sizes; raises ConfigError listing every problem, each naming its key."""
-    if cuda_available is None:
-        def cuda_available() -> bool:
-            import torch
-            return torch.cuda.is_available()
-    if te_available is None:
-        def te_available() -> bool:
-            import importlib.util
-            return importlib.util.find_spec("transformer_engine") is not None
-
+    cuda_available = cuda_available or _cuda_available
+    te_available = te_available or _te_available
     p = Problems()
     device = _device(cfg, p, cuda_available)
     t = cfg.trainer

@@ -307,21 +307,26 @@ def _no_effect_notes(cfg: PPOConfig, p: _Problems) -> None:
             p.notes.append(f"{key}={_get(cfg, key)!r} is accepted for verl compatibility and has no effect")
 
 
+def _cuda_available() -> bool:
+    """This machine's answer (validate's default; tests pass their own)."""
+    import torch
+    return torch.cuda.is_available()
+
+
+def _te_available() -> bool:
+    """Whether transformer_engine imports here (validate's default; tests pass their own)."""
+    import importlib.util
+    return importlib.util.find_spec("transformer_engine") is not None
+
+
 # ---------------------------------------------------------------------------------------------- entry
 def validate(cfg: PPOConfig, cuda_available: Optional[Callable[[], bool]] = None,
              te_available: Optional[Callable[[], bool]] = None,
              gpu_count: Optional[Callable[[], int]] = None) -> RunConfig:
     """Check `cfg` and derive all sizes. Raises ConfigError listing every problem.
     `cuda_available` / `te_available` (whether transformer_engine imports) / `gpu_count` default to this machine's."""
-    if cuda_available is None:
-        def cuda_available() -> bool:
-            import torch
-            return torch.cuda.is_available()
-    if te_available is None:
-        def te_available() -> bool:
-            import importlib.util
-            return importlib.util.find_spec("transformer_engine") is not None
-
+    cuda_available = cuda_available or _cuda_available
+    te_available = te_available or _te_available
     p = _Problems()
     device = _device(cfg, p, cuda_available)
     world = max(cfg.trainer.nnodes, 1) * max(cfg.trainer.n_gpus_per_node, 1)
