@@ -318,7 +318,7 @@ def summarize_run(folder: str, bandwidth: dict[int, dict[str, float]]) -> dict[s
                   "mfu_forward_backward": "perf/mfu/actor_forward_backward",
                   "logprob_gap_mean": "rollout_vs_actor/logprob_abs_diff_mean",
                   "sync_bytes_per_gpu": "reshard/bytes", "sync_direct_bytes": "reshard/direct_bytes",
-                  "sync_remote_bytes": "reshard/remote_bytes", "engine_wake_weights_s": "timing_s/engine_wake_weights",
+                  "sync_remote_bytes": "reshard/remote_bytes",  # received by the cross-GPU copy, beside the floor's bytes "engine_wake_weights_s": "timing_s/engine_wake_weights",
                   "engine_wake_kv_cache_s": "timing_s/engine_wake_kv_cache"}
     for out, key in extra_keys.items():
         run[out] = scale_report.median_of(rows, key)
@@ -330,8 +330,6 @@ def summarize_run(folder: str, bandwidth: dict[int, dict[str, float]]) -> dict[s
     if ag and run.get("params") and run.get("sync_s"):
         model_bytes = 2 * run["params"]  # bf16
         received = receive_fraction(run["layout"]) * model_bytes
-        # the cross-GPU direct copy reports what this rank received; more than the layout needs is over the floor
-        run["sync_receive_bytes_measured"] = run.get("sync_remote_bytes")
         local = model_bytes / run["layout"]["tp_g"]
         floor = max(received / ag["busbw_bytes_per_s"], local / ag["d2d_bytes_per_s"])
         run.update(sync_receive_bytes_per_gpu=received, sync_floor_s=floor, sync_over_floor=run["sync_s"] / floor)
