@@ -119,6 +119,8 @@ RUNS: dict[str, Run] = {
                          (OPT_OFFLOAD,), job="7b_big"),
     "7b_big_rdp4": Run("7b", 4, (f"{TP}=2",), SEVEN_B_SHARDED, "7B, 64 prompts x 8, tp2 x dp2 -> tp_g1 x dp_g4",
                        (OPT_OFFLOAD,), job="7b_big"),
+    "7b_pp2dp2_rtp2": Run("7b", 4, (f"{PP}=2", f"{RTP}=2"), SEVEN_B_SHARDED, "7B pp2 x dp2 -> vLLM tp_g2 x dp_g2",
+                          (OPT_OFFLOAD, RECOMPUTE)),
     "7b_pp2dp2_rdp4": Run("7b", 4, (f"{PP}=2",), SEVEN_B_SHARDED, "7B pp2 x dp2 -> vLLM tp_g1 x dp_g4",
                           (OPT_OFFLOAD, RECOMPUTE)),
     # 14B (266 GB of training state): in the layout `hybridrl plan --search` ranks first on the machine at hand
@@ -318,7 +320,9 @@ def summarize_run(folder: str, bandwidth: dict[int, dict[str, float]]) -> dict[s
                   "mfu_forward_backward": "perf/mfu/actor_forward_backward",
                   "logprob_gap_mean": "rollout_vs_actor/logprob_abs_diff_mean",
                   "sync_bytes_per_gpu": "reshard/bytes", "sync_direct_bytes": "reshard/direct_bytes",
-                  "sync_remote_bytes": "reshard/remote_bytes",  # received by the cross-GPU copy, beside the floor's bytes "engine_wake_weights_s": "timing_s/engine_wake_weights",
+                  "sync_remote_bytes": "reshard/remote_bytes",  # received by the cross-GPU copy, beside the floor's
+                  "sync_remote_rounds": "reshard/remote_rounds",
+                  "engine_wake_weights_s": "timing_s/engine_wake_weights",
                   "engine_wake_kv_cache_s": "timing_s/engine_wake_kv_cache"}
     for out, key in extra_keys.items():
         run[out] = scale_report.median_of(rows, key)
