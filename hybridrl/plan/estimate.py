@@ -17,6 +17,7 @@ from .memory import (
     DTYPE_BYTES,
     PHASES,
     ActivationSetup,
+    GiB,
     KVCache,
     MemoryPlan,
     ModelState,
@@ -24,8 +25,11 @@ from .memory import (
     RoleMemory,
     RolloutMemory,
     StageMemory,
+    defers_optimizer,
     kv_bytes_per_token,
     model_state_bytes,
+    onload_parts,
+    onload_reserve,
     phase_parts,
     rollout_activation_bytes,
     rollout_weight_bytes,
@@ -159,6 +163,7 @@ def estimate(run: RunConfig, shape: ModelShape, gpu_memory_bytes: int,
     actor_act = activation_setup(run, "actor")
     critic_act = activation_setup(run, "critic") if d.use_critic else None
     best: dict[str, Optional[Phase]] = {name: None for name in PHASES}
+    optimizer_bytes: dict[int, int] = {}  # the actor's whole optimizer state by stage (train_actor_onload's note)
     lora = run.cfg.actor_rollout_ref.model.lora_rank > 0
     for stage in range(d.actor.pp):
         actor_train, actor_forward = stage_activation_parts(shape, actor_act, stage)
@@ -182,7 +187,42 @@ def estimate(run: RunConfig, shape: ModelShape, gpu_memory_bytes: int,
                 continue
             if name == "reward" and s.rm is None:
                 continue
-            phase = Phase(name, stage, phase_parts(name, s, rollout, overhead, split=d.placement.split))
+            if name == "train_actor_onload":
+                if d.device != "cuda" or not defers_optimizer(s, d.placement.split):
+                    continue
+                # the update's own activations: the forward-only passes (folded into train_actor) are over by then
+                train = {**phase_parts("train_actor", s, rollout, overhead, split=d.placement.split),
+                         "activations": actor_train}
+                parts = onload_parts(train, s.actor.state.optimizer, gpu_memory_bytes)
+                optimizer_bytes[stage] = s.actor.state.optimizer
+            else:
+                parts = phase_parts(name, s, rollout, overhead, split=d.placement.split)
+            phase = Phase(name, stage, parts)
             if best[name] is None or phase.total > best[name].total:
                 best[name] = phase
+    onload = best["train_actor_onload"]
+    if onload is not None:
+        notes.append(_onload_note(onload, optimizer_bytes[onload.stage], run))
     return MemoryPlan(gpu_memory_bytes, overhead, best, kv, notes)
+
+
+def _onload_note(phase: Phase, whole: int, run: RunConfig) -> str:
+    """How much of the actor's offloaded optimizer state (`whole` bytes) comes back during the forward/backward."""
+    overlapped = phase.parts["actor_optimizer"]
+    if overlapped >= whole:
+        return (f"the actor's optimizer state ({whole / GiB:.1f} GiB) comes back from the host during the "
+                "forward/backward (train_actor_onload): the optimizer step waits for none of it")
+    batch = run.derived.actor_batch
+    key = "ppo_max_token_len_per_gpu" if batch.use_dynamic_bsz else "ppo_micro_batch_size_per_gpu"
+    return (f"{overlapped / GiB:.1f} of the actor's {whole / GiB:.1f} GiB of optimizer state comes back from the host "
+            f"during the forward/backward (train_actor_onload); the optimizer step waits for the other "
+            f"{(whole - overlapped) / GiB:.1f} GiB (smaller activations, e.g. a lower actor_rollout_ref.actor.{key}, "
+            "let more of it overlap)")
+
+
+def actor_onload_reserve(run: RunConfig, shape: ModelShape) -> int:
+    """Device bytes the actor's forward/backward needs beyond what is resident when an update starts (its largest
+    training activations over the pipeline stages, plus memory.onload_margin): MegatronRole's overlap budget keeps
+    them free."""
+    setup = activation_setup(run, "actor")
+    return onload_reserve(max(stage_activation_parts(shape, setup, stage)[0] for stage in range(run.derived.actor.pp)))

@@ -54,6 +54,12 @@ Phases (each component is 0 when absent; totals are for the busiest pipeline sta
                   with the hybrid engine, optimizer_offload and one optimizer step per update the optimizer state
                   is still on the host (weight_sync.py, step 9: it comes back for the step), else it is counted
                   here too
+    train_actor_onload  (the case train_actor leaves the optimizer state on the host) the update's forward/backward
+                  while the state comes back beside it (adapters/megatron/overlap.py): train_actor with the training
+                  activations only (the forward-only passes are over), + as much of the actor's optimizer state as fits
+                  in the GPU less that less `onload_margin`; the rest comes back after the backward, while the step
+                  waits (none of it fits: today's serial path). The update sends for what the device has free at its
+                  start beyond `onload_reserve` (activations + margin).
     actor_step    the actor's optimizer step: its whole state + optimizer_step, no activations (freed by then)
     train_critic  the critic's update (PPO with GAE): its whole state (the critic's idle offload brings all of it
                   back for its calls) + activations
@@ -97,7 +103,9 @@ COMPONENTS = (
     "critic_params", "critic_grads", "critic_optimizer", "rm_params", "activations",
     "rollout_weights", "rollout_activations", "rollout_kv_cache", "optimizer_step", "overhead",
 )
-PHASES = ("train_actor", "actor_step", "train_critic", "critic_step", "ref_log_prob", "rollout", "reward")
+PHASES = ("train_actor", "train_actor_onload", "actor_step", "train_critic", "critic_step", "ref_log_prob", "rollout",
+          "reward")
+ONLOAD_MARGIN_BYTES = 2 * GiB  # kept free beside an overlapped onload: allocator slack (plus a tenth of the activations)
 
 
 # ------------------------------------------------------------------------------------------- model state
@@ -372,7 +380,7 @@ def phase_parts(name: str, s: StageMemory, r: RolloutMemory, overhead: int, spli
         actor = ModelState(actor.params, 0, actor.optimizer)
     # ...and brings them back after generation; an offloaded optimizer state comes back at the update's first step
     deferred = not split and s.actor.offload_optimizer and (
-        name == "ref_log_prob" or (name == "train_actor" and s.actor_steps_per_update == 1))
+        name == "ref_log_prob" or (name == "train_actor" and defers_optimizer(s, split)))
     if deferred:
         actor = ModelState(actor.params, actor.grads, 0)
     critic = None if s.critic is None else (s.critic.state if name in ("train_critic", "critic_step")
@@ -396,6 +404,31 @@ def phase_parts(name: str, s: StageMemory, r: RolloutMemory, overhead: int, spli
         parts.update(rollout_weights=r.weights, rollout_activations=r.activations, rollout_kv_cache=max(r.kv_cache, 0))
     parts["overhead"] = overhead
     return parts
+
+
+def onload_margin(activations: int) -> int:
+    """What an overlapped onload leaves free beyond the activations' estimate: allocator slack, and a tenth of the
+    activations for the estimate's error (TE's layers keep somewhat other tensors than memory.py counts)."""
+    return ONLOAD_MARGIN_BYTES + activations // 10
+
+
+def onload_reserve(activations: int) -> int:
+    """Device bytes the forward/backward needs above what is resident at the update's start: the runtime's
+    overlap budget is the device's free memory less this (MegatronRole.overlap_onload)."""
+    return activations + onload_margin(activations)
+
+
+def defers_optimizer(s: StageMemory, split: bool = False) -> bool:
+    """The actor's forward/backward runs with its optimizer state on the host: the hybrid engine offloaded it for
+    generation and one optimizer step per update brings it back only for that step."""
+    return not split and s.actor.offload_optimizer and s.actor_steps_per_update == 1
+
+
+def onload_parts(train: dict[str, int], optimizer: int, gpu: int) -> dict[str, int]:
+    """train_actor_onload: the forward/backward's parts (`train`, the state on the host) with the part of the
+    `optimizer` state bytes that comes back beside them."""
+    room = gpu - sum(train.values()) - onload_margin(train["activations"])
+    return {**train, "actor_optimizer": min(optimizer, max(0, room))}
 
 
 @dataclass(frozen=True)

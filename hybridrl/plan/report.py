@@ -18,8 +18,10 @@ config itself was refused). All memory values are bytes per GPU.
                         rollout_dp, gpu_memory_utilization, free_cache_engine, use_reference, use_critic,
                         ep, etp, expert_dp, alltoall_bytes_per_layer (MoE: one layer's all-to-all receive
                         buffers of a training micro-batch, included in phases.train_actor.activations)
-    phases              {train_actor, actor_step, train_critic, critic_step, ref_log_prob, rollout, reward}: each
-                        {<component>: bytes, ..., total, stage} or null where the job has no such phase;
+    phases              {train_actor, train_actor_onload, actor_step, train_critic, critic_step, ref_log_prob, rollout,
+                        reward}: each {<component>: bytes, ..., total, stage} or null where the job has no such phase
+                        (train_actor_onload: the forward/backward while the offloaded optimizer state comes back beside
+                        it, only where train_actor leaves that state on the host; memory.py);
                         components: actor_params actor_grads actor_optimizer ref_params critic_params
                         critic_grads critic_optimizer rm_params activations rollout_weights rollout_activations
                         rollout_kv_cache optimizer_step overhead; `stage` is the pipeline stage the numbers are for (the
@@ -50,9 +52,11 @@ KEYS = ("format", "ok", "gpu_memory_bytes", "overhead_bytes", "model", "layout",
 
 
 def update_peak_total(phases: dict[str, Any]) -> Optional[int]:
-    """The plan's bytes for one actor update call, from a `--json` plan's `phases`: the larger of its forward/backward
-    (train_actor) and its optimizer step (actor_step; plans written before it existed have train_actor only)."""
-    return max((p["total"] for p in (phases.get(k) for k in ("train_actor", "actor_step")) if p), default=None)
+    """The plan's bytes for one actor update call, from a `--json` plan's `phases`: the largest of its forward/backward
+    (train_actor, train_actor_onload with the optimizer state coming back beside it) and its optimizer step
+    (actor_step; older plans lack the later two)."""
+    keys = ("train_actor", "train_actor_onload", "actor_step")
+    return max((p["total"] for p in (phases.get(k) for k in keys) if p), default=None)
 
 
 def layout_dict(run: RunConfig, shape: Optional[ModelShape] = None) -> dict[str, Any]:
@@ -95,8 +99,10 @@ def table(run: RunConfig, shape: ModelShape, plan: MemoryPlan) -> str:
     where = "host memory per process" if run.derived.device == "cpu" else f"per GPU of {plan.gpu_memory_bytes / GiB:.1f} GiB"
     unit, scale = ("GiB", GiB) if plan.peak.total >= GiB else ("MiB", 1024 ** 2)
 
+    width = max([14] + [len(n) + 2 for n, _ in phases])
+
     def _g(n: int) -> str:
-        return f"{n / scale:10.2f}"
+        return f"{n / scale:{width}.2f}"
 
     lines = [
         f"model: {shape.name} ({shape.source}): {shape.params / 1e9:.2f}B params, {shape.num_layers} layers, "
@@ -106,12 +112,12 @@ def table(run: RunConfig, shape: ModelShape, plan: MemoryPlan) -> str:
         run.summary(),
         "",
         f"memory, {unit}, {where} (busiest pipeline stage of each phase):",
-        f"{'':<22}" + "".join(f"{n:>14}" for n, _ in phases),
+        f"{'':<22}" + "".join(f"{n:>{width}}" for n, _ in phases),
     ]
     for c in used:
-        lines.append(f"{c:<22}" + "".join(f"{'':4}{_g(p.parts.get(c, 0))}" for _, p in phases))
-    lines.append(f"{'total':<22}" + "".join(f"{'':4}{_g(p.total)}" for _, p in phases))
-    lines.append(f"{'pipeline stage':<22}" + "".join(f"{p.stage:>14}" for _, p in phases))
+        lines.append(f"{c:<22}" + "".join(_g(p.parts.get(c, 0)) for _, p in phases))
+    lines.append(f"{'total':<22}" + "".join(_g(p.total) for _, p in phases))
+    lines.append(f"{'pipeline stage':<22}" + "".join(f"{p.stage:>{width}}" for _, p in phases))
     kv = plan.kv_cache
     if kv is not None:
         lines.append(f"KV cache: {max(kv.bytes, 0) / GiB:.2f} GiB = {kv.tokens:,} tokens ({kv.bytes_per_token / 1024:.0f} KiB "

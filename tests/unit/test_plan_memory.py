@@ -320,3 +320,51 @@ def test_lora_plan_freezes_the_base_and_has_no_reference_by_hand():
     assert train["actor_grads"] == 4 * n
     assert plan.phases["actor_step"].parts["actor_optimizer"] == 12 * n // 4
     assert plan.phases["ref_log_prob"] is None and train["ref_params"] == 0
+
+
+ONE_H200 = ["trainer.n_gpus_per_node=1", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+            "actor_rollout_ref.model.use_remove_padding=true", "actor_rollout_ref.actor.use_dynamic_bsz=true",
+            "actor_rollout_ref.ref.megatron.param_offload=true", "actor_rollout_ref.actor.megatron.optimizer_offload=true",
+            "data.train_batch_size=16", "actor_rollout_ref.actor.ppo_mini_batch_size=16", "data.max_prompt_length=256",
+            "data.max_response_length=512"]
+
+
+def test_optimizer_state_coming_back_during_the_forward_backward_by_hand():
+    """Qwen2.5-7B on one H200 (139.8 GiB), GRPO, the optimizer state on the host until its step, packed 8192-token
+    micro-batches without recompute (the speed7b bench's shape). P = 7,615,616,512 params (tp=1, no vocab padding).
+    train_actor: 2P bf16 params + 4P fp32 grads + activations + 3 GiB; activations per layer and token
+    2*(4*3584 + 2*3584 + 2*512 + 5*18944) + 4*28 = 234,608 bytes, x8192 tokens x28 layers, plus the logits
+    8192 * 152,064 * (2+4+4). train_actor_onload adds the part of the 12P bytes of Adam state that fits in the GPU
+    less train_actor less the margin (2 GiB + a tenth of the activations); the runtime keeps activations + margin
+    free (actor_onload_reserve)."""
+    from hybridrl.plan.estimate import actor_onload_reserve
+
+    shape, gpu, P = resolve("Qwen2.5-7B"), int(139.8 * GiB), 7_615_616_512
+    run = _run(*ONE_H200, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=8192", config_name="grpo_trainer")
+    act = 234_608 * 8192 * 28 + 8192 * 152_064 * 10
+    train = 2 * P + 4 * P + act + 3 * GiB
+    margin = 2 * GiB + act // 10
+    plan = estimate(run, shape, gpu, overhead_bytes=3 * GiB)
+    assert plan.phases["train_actor"].total == train and plan.phases["train_actor"].parts["actor_optimizer"] == 0
+    onload = plan.phases["train_actor_onload"]
+    assert 0 < gpu - train - margin < 12 * P  # only part of the state fits beside these activations
+    assert onload.parts["actor_optimizer"] == gpu - train - margin and onload.total == gpu - margin
+    assert plan.phases["actor_step"].parts["actor_optimizer"] == 12 * P  # the step holds all of it, as before
+    assert actor_onload_reserve(run, shape) == act + margin
+    assert any("comes back from the host during the forward/backward" in n for n in plan.notes)
+    # 512-token micro-batches: every byte of the state comes back beside the forward/backward. The phase counts the
+    # update's activations, not the larger ones of the 8192-token log-prob passes that train_actor folds in.
+    small = _run(*ONE_H200, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=512", "data.max_prompt_length=128",
+                 "data.max_response_length=256", "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=8192",
+                 config_name="grpo_trainer")
+    act = 234_608 * 512 * 28 + 512 * 152_064 * 10
+    phases = estimate(small, shape, gpu, overhead_bytes=3 * GiB).phases
+    assert phases["train_actor"].parts["activations"] == 234_608 * 8192 + 8192 * 152_064 * 6  # the forward pass
+    assert phases["train_actor_onload"].parts["actor_optimizer"] == 12 * P
+    assert phases["train_actor_onload"].total == 18 * P + act + 3 * GiB
+    # no phase where the state is not deferred: resident through the update (optimizer_offload=false), or
+    # counted in train_actor already (two optimizer steps per update)
+    kept = _run(*ONE_H200, "actor_rollout_ref.actor.megatron.optimizer_offload=false", config_name="grpo_trainer")
+    two = _run(*ONE_H200, "actor_rollout_ref.actor.ppo_mini_batch_size=8", config_name="grpo_trainer")
+    assert estimate(kept, shape, gpu).phases["train_actor_onload"] is None
+    assert estimate(two, shape, gpu).phases["train_actor_onload"] is None
