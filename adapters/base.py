@@ -54,6 +54,8 @@ class OffloadReport:
     seconds: float = 0.0
     wait_seconds: float = 0.0  # of `seconds`: waiting for the device's queued work before moving anything
     host_alloc_seconds: float = 0.0  # of `seconds`: allocating and pinning host memory (first offload only)
+    optimizer_seconds: float = 0.0  # the optimizer state's copies from start to end (device time; may predate the call)
+    optimizer_exposed_seconds: float = 0.0  # of `seconds`: waiting for those copies (what no other work hid)
 
     @property
     def total_bytes(self) -> int:
@@ -73,6 +75,24 @@ class ModelRole(ABC):
     def onload(self, params: bool, grads: bool, optimizer: bool) -> OffloadReport:
         """Bring offloaded state back. An optimizer state left offloaded comes back by itself before the
         role's next optimizer step and before a checkpoint: callers may leave it off until then."""
+
+    def prepare_offload(self, params: bool, grads: bool, optimizer: bool, *,
+                        onload_reserve: Optional[int] = None) -> None:
+        """The caller will offload these kinds between steps: get ready (e.g. allocate host memory in the
+        background). `onload_reserve`: the device bytes an update's forward/backward needs beyond what is resident
+        when it starts (hybridrl.plan.estimate.actor_onload_reserve); with it an offloaded optimizer state may come
+        back beside the forward/backward as far as free memory allows. Default: nothing; offload() allocates at
+        first use and the state comes back before the step."""
+        return None
+
+    def begin_offload(self, params: bool, optimizer: bool) -> None:
+        """Start moving these kinds to the host and return at once; the next offload() of them completes the move
+        (and frees their device memory), an onload() in between cancels it. Default: nothing (offload() does all)."""
+        return None
+
+    def startup_times(self) -> dict[str, float]:
+        """Seconds of named parts of this role's start-up (hybridrl.trainer.startup); default: none."""
+        return {}
 
     @abstractmethod
     def save_checkpoint(self, path: str) -> None: ...

@@ -14,7 +14,9 @@ Modules (one concern each):
     role/actor/critic   MegatronActor (policy, or reference without optimizer), MegatronCritic
     reward_model MegatronRewardModel: a HF *ForSequenceClassification / *ForTokenClassification scoring last tokens
     offload      params/grads/optimizer to pinned host memory and back (GPU), one host arena per kind
-    pinned       page-locked host buffers of exact size (huge pages + cudaHostRegister)
+    overlap      offload's copies in flight: the optimizer state back beside the forward/backward, out beside what follows
+    copier       where those copies run: a side CUDA stream ordered against the compute stream by events
+    pinned       page-locked host buffers of exact size (huge pages + cudaHostRegister), allocated ahead on a thread
     checkpoint   dist_checkpointing save/load across layouts, meta.json, RNG
 
 Imports are lazy so `import hybridrl.adapters.megatron` does not pull in megatron-core.

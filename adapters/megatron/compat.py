@@ -57,6 +57,12 @@ def synchronize() -> None:
         torch.cuda.synchronize()
 
 
+def synchronize_stream() -> None:
+    """Wait for the compute (current) stream only: offload's copies on their side stream keep running (copier.py)."""
+    if cuda_in_use():
+        torch.cuda.current_stream().synchronize()
+
+
 def empty_cache() -> None:
     if cuda_in_use():
         torch.cuda.empty_cache()

@@ -104,7 +104,9 @@ class Engine:
 
         MoE models: the router losses of the step are in `self.router_losses` (moe.router_loss_values)."""
         assert self.optimizer is not None, "train_step on a role built without an optimizer (reference)"
-        compat.synchronize()  # the three parts are timed apart: MFU of the forward/backward alone (train_bench)
+        # The parts are timed apart (MFU of the forward/backward alone: train_bench), on the compute stream only:
+        # offload's copies on their side stream overlap it (overlap.py) and are timed by their owner.
+        compat.synchronize_stream()
         start = time.perf_counter()
         for c in self.chunks:
             c.zero_grad_buffer()
@@ -117,13 +119,13 @@ class Engine:
             self.router_losses = moe.router_loss_values(self.config, len(micro_batches))
         else:
             metrics = self.run(micro_batches, loss_fn, forward_only=False, prepare=prepare)
-        compat.synchronize()
+        compat.synchronize_stream()
         forward_backward = time.perf_counter() - start
         if before_step is not None:  # timed by its owner (the role's optimizer onload)
             before_step()
         step_start = time.perf_counter()
         grad_norm, applied = optimizer_step(self.optimizer, self.optim.clip_grad)
-        compat.synchronize()
+        compat.synchronize_stream()
         self.step_seconds = {"forward_backward": forward_backward, "optimizer_step": time.perf_counter() - step_start}
         self.optimizer_steps += int(applied)
         return metrics, grad_norm, applied

@@ -6,6 +6,10 @@ and pins it with cudaHostAlloc. On an H200 the first offload of a 1.5B model's o
 mapping of the exact size, with transparent huge pages asked for, is faulted in (one byte per page) and then
 registered with cudaHostRegister, which then only has to lock pages that already exist.
 
+HostReserve allocates such buffers ahead of their first use, on a thread: the 7B one-GPU run's first offload spent
+36 s pinning ~90 GB (benchmarks/results/four_gpu.md), inside its first training step; started at build time, the
+pinning runs beside the rest of the start-up instead.
+
 A registered buffer is unregistered before its memory can go back to the allocator (`release()`, or when the
 PinnedBuffer is garbage collected): memory freed while registered could come back from malloc at the same
 address and fail the next registration. Views of `tensor` that outlive the buffer stay valid, only unpinned.
@@ -16,7 +20,9 @@ from __future__ import annotations
 import logging
 import mmap
 import os
+import threading
 import time
+from typing import Optional
 
 import torch
 
@@ -89,3 +95,58 @@ def _warn_fallback(err, nbytes: int) -> None:
         log.warning("cudaHostRegister of %.2f GB failed (%s); offload buffers fall back to torch's pinned allocator "
                     "(blocks rounded up to a power of two, slower first offload). Check `ulimit -l` on this node.",
                     nbytes / 1e9, err)
+
+
+class HostReserve:
+    """PinnedBuffers of the given sizes (bytes by kind), allocated on a background thread from construction on.
+
+    `take(kind)` hands one over, waiting for the thread first; `seconds` is the thread's time and `waited` the
+    time callers spent waiting for it (what the reservation did not hide). A thread that failed (e.g. the host
+    is out of memory) leaves no buffers: callers fall back to pinning at first use, with a warning.
+    """
+
+    def __init__(self, sizes: dict[str, int], pin: bool = True, device: Optional[int] = None) -> None:
+        self.sizes = dict(sizes)
+        self.seconds = 0.0
+        self.waited = 0.0
+        self.buffers: dict[str, PinnedBuffer] = {}
+        self.error: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._run, args=(pin, device), name="hybridrl-host-reserve",
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self, pin: bool, device: Optional[int]) -> None:
+        start = time.perf_counter()
+        try:
+            if pin and device is not None and torch.cuda.is_available():
+                torch.cuda.set_device(device)  # register with the context of the device the copies run on
+            for kind, nbytes in self.sizes.items():
+                self.buffers[kind] = PinnedBuffer(nbytes, pin=pin)
+        except BaseException as e:  # reported by wait(), on the caller's thread
+            self.error = e
+        self.seconds = time.perf_counter() - start
+
+    @property
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def wait(self) -> None:
+        if self._thread.is_alive():
+            start = time.perf_counter()
+            self._thread.join()
+            self.waited += time.perf_counter() - start
+        if self.error is not None:
+            log.warning("allocating %.2f GB of pinned host memory ahead of time failed (%s: %s); offload pins at "
+                        "first use instead", sum(self.sizes.values()) / 1e9, type(self.error).__name__, self.error)
+            self.error = None
+            self.release()
+
+    def take(self, kind: str) -> Optional[PinnedBuffer]:
+        self.wait()
+        return self.buffers.pop(kind, None)
+
+    def release(self) -> None:
+        """Unregister the buffers nobody took (they go back to the OS with their mappings)."""
+        for buf in self.buffers.values():
+            buf.release()
+        self.buffers.clear()

@@ -15,7 +15,7 @@ from hybridrl.adapters.base import DispatchInfo, OffloadReport, WeightBucket, We
 from hybridrl.config.layout import ParallelLayout
 from hybridrl.config.schema.common import MegatronConfig, OptimConfig
 
-from . import checkpoint, lora_io, offload, parallel
+from . import checkpoint, lora_io, offload, overlap, parallel
 from . import lora as lora_mod
 from .batching import micro_batches, mini_batch_rows, row_lengths, split_tokens
 from .builder import build_model
@@ -66,7 +66,8 @@ class MegatronRole:
             self._master_weights_from_checkpoint(len(rounded))
         self.updates = 0  # update calls so far (the LR scheduler counts the same steps)
         self._offloaded = offload.State()
-        self._optimizer_onload_s = 0.0  # the deferred optimizer onloads of the current update (ModelRole.onload)
+        self._onload = overlap.Moved()  # the current update's optimizer-state onload (_optimizer_on_device)
+        self._onload_budget: Optional[overlap.OverlapBudget] = None  # overlap_onload(); None: after the backward
         self._regions: Optional[list[WeightRegion]] = None  # weight_regions(), built on first use
 
     def _master_weights_from_checkpoint(self, rounded: int) -> None:
@@ -122,6 +123,35 @@ class MegatronRole:
     def onload(self, params: bool, grads: bool, optimizer: bool) -> OffloadReport:
         return offload.onload(self.engine, self._offloaded, params, grads, optimizer)
 
+    def prepare_offload(self, params: bool, grads: bool, optimizer: bool, *,
+                        onload_reserve: Optional[int] = None) -> None:
+        """Pin the host arenas of params / optimizer state in the background from now on (pinned.HostReserve), and
+        with `onload_reserve` let the optimizer state come back during the forward/backward (overlap_onload)."""
+        kinds = [kind for kind, on in (("params", params), ("optimizer", optimizer)) if on]
+        offload.reserve_host(self.engine, self._offloaded, kinds)
+        if optimizer and onload_reserve is not None:
+            self.overlap_onload(onload_reserve)
+
+    def begin_offload(self, params: bool, optimizer: bool) -> None:
+        offload.begin_offload(self.engine, self._offloaded, params, optimizer)
+
+    def overlap_onload(self, reserve_bytes: Optional[int]) -> None:
+        """Let an offloaded optimizer state come back while the forward/backward runs, as far as the device's free
+        memory at the update's start, less `reserve_bytes` for the forward/backward itself
+        (hybridrl.plan.memory.onload_reserve), allows; None: it comes back after the backward (serial)."""
+        self._onload_budget = None if reserve_bytes is None else overlap.OverlapBudget(int(reserve_bytes))
+
+    def startup_times(self) -> dict[str, float]:
+        """host_pin_wait: start-up waited for the host arenas pinned in the background (prepare_offload);
+        host_pin_background: the pinning's own time, beside other start-up work."""
+        reserve = self._offloaded.reserve
+        if reserve is None:
+            return {}
+        out = {"host_pin_wait": reserve.waited}
+        if reserve.done:
+            out["host_pin_background"] = reserve.seconds
+        return out
+
     def save_checkpoint(self, path: str) -> None:
         self._optimizer_on_device()
         checkpoint.save(path, self)
@@ -132,9 +162,31 @@ class MegatronRole:
 
     def _optimizer_on_device(self) -> None:
         """The optimizer state back from the host if it was left there (weight_sync.py, step 9): it is needed
-        only from the optimizer step on, so a one-step update's forward/backward runs without it."""
-        if self._offloaded.offloaded["optimizer"]:
-            self._optimizer_onload_s += offload.onload(self.engine, self._offloaded, False, False, True).seconds
+        only from the optimizer step on, so a one-step update's forward/backward runs without it, or beside the
+        part of it _begin_optimizer_onload sent for. The compute stream waits for every copy."""
+        state = self._offloaded
+        if state.offloaded["optimizer"] or state.arriving.get("optimizer") or "optimizer" in state.leaving:
+            self._onload = self._onload + overlap.finish_onload(state, "optimizer")
+
+    def _begin_optimizer_onload(self) -> None:
+        """At the update's start: an offload still in flight stops (the state never left), and as much of an
+        offloaded state as overlap_onload's budget allows starts back on the side stream (overlap.py)."""
+        state = self._offloaded
+        if not state.active():
+            return
+        overlap.cancel_offload(state, "optimizer")
+        if self._onload_budget is not None and state.offloaded["optimizer"]:
+            overlap.begin_onload(state, "optimizer", self._onload_budget.allowed())
+
+    def _onload_metrics(self) -> dict[str, float]:
+        """timing_s/optimizer_onload: the copies' own time; _exposed: the part the optimizer step waited for;
+        offload/optimizer_onload_overlap: the share of the bytes sent for before the backward ended (0: the serial
+        path, the budget left no room)."""
+        m = self._onload
+        if not m.nbytes:
+            return {}
+        return {"timing_s/optimizer_onload": m.copy_seconds, "timing_s/optimizer_onload_exposed": m.exposed_seconds,
+                "offload/optimizer_onload_overlap": m.overlapped_bytes / m.nbytes}
 
     # ---------------------------------------------------------------------------------- helpers
     def _shuffle_seed(self, epoch: int) -> Optional[int]:
@@ -153,7 +205,8 @@ class MegatronRole:
         """
         plan = self.batch
         self.updates += 1
-        self._optimizer_onload_s = 0.0
+        self._onload = overlap.Moved()
+        self._begin_optimizer_onload()
         self.engine.scheduler.step(1)  # this update runs at lr(step); warm-up starts above lr_warmup_init
         seconds = {"forward_backward": 0.0, "optimizer_step": 0.0}
         history: list[list[float]] = []
@@ -174,8 +227,7 @@ class MegatronRole:
         out = {k: sum(h[i] for h in history) / len(history) for i, k in enumerate(names)}
         out[f"{self.role}/lr"] = self.engine.lr()
         out.update({f"timing_s/{self.role}_{part}": s for part, s in seconds.items()})
-        if self._optimizer_onload_s:
-            out["timing_s/optimizer_onload"] = self._optimizer_onload_s
+        out.update(self._onload_metrics())
         return out
 
     @contextlib.contextmanager

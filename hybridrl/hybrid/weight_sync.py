@@ -2,10 +2,14 @@
 
 Ordering (every rank runs it; the export is collective, so all ranks take the same steps):
 
+  after_update()                             with optimizer_offload, right after the update's last optimizer step:
+                                             the optimizer state starts for the host on a side stream
+                                             (actor.begin_offload) while the trainer goes on to the next step
   push(step)
     1. actor.offload(grads[, optimizer])     free training-only memory before the engine takes any: the grads
                                              are released (zeroed again on onload, nothing is copied); the
-                                             optimizer state goes to the host only with optimizer_offload
+                                             optimizer state goes to the host only with optimizer_offload (its
+                                             copies, begun in after_update, are waited for and its memory freed)
     1b. barrier                              ranks start the sync together (the wait is timed on its own)
     2. engine.wake_up(["weights"])           re-allocate the engine's weight buffers
     3a. direct.run()                         weights proven copyable (direct.py): actor shard views ->
@@ -31,7 +35,8 @@ Ordering (every rank runs it; the export is collective, so all ranks take the sa
                                              optimizer state stays on the host until the update's first
                                              optimizer step brings it back (MegatronRole._optimizer_on_device),
                                              so the log-prob passes and a one-step update's forward/backward
-                                             run without it
+                                             run without it (or beside the part of it that fits, which the update
+                                             sends for at its start: adapters/megatron/overlap.py)
 
 `rollout_phase(step)` wraps push/release around a block; `generate_sequences` is the per-step call a
 rollout worker makes.
@@ -156,6 +161,12 @@ class WeightSync:
         metrics["onload/bytes"] = float(report.total_bytes)
         return metrics
 
+    def after_update(self) -> None:
+        """The update's optimizer steps are done: with optimizer_offload the state starts for the host now, beside
+        whatever runs until the next push(), which waits for the rest of the copies (timing_s/optimizer_offload_exposed)."""
+        if self.options.optimizer_offload and self._offloaded is None:
+            self.actor.begin_offload(params=False, optimizer=True)
+
     @contextmanager
     def rollout_phase(self, step: int) -> Iterator[dict[str, float]]:
         """push() before the block, release() after it, even if generation raised."""
@@ -191,9 +202,13 @@ class WeightSync:
 
     def _offload(self, *, params: bool, grads: bool, optimizer: bool) -> dict[str, float]:
         report = self.actor.offload(params=params, grads=grads, optimizer=optimizer)
-        return {"timing_s/offload": float(report.seconds), "offload/bytes": float(report.total_bytes),
-                "timing_s/offload_wait": float(report.wait_seconds),
-                "timing_s/offload_host_alloc": float(report.host_alloc_seconds)}
+        metrics = {"timing_s/offload": float(report.seconds), "offload/bytes": float(report.total_bytes),
+                   "timing_s/offload_wait": float(report.wait_seconds),
+                   "timing_s/offload_host_alloc": float(report.host_alloc_seconds)}
+        if report.optimizer_bytes:  # the state's copies (begun in after_update) and the part of them push waited for
+            metrics["timing_s/optimizer_offload"] = float(report.optimizer_seconds)
+            metrics["timing_s/optimizer_offload_exposed"] = float(report.optimizer_exposed_seconds)
+        return metrics
 
     def _stream(self, sent: SentChecksums) -> dict[str, float]:
         start = time.perf_counter()

@@ -7,6 +7,9 @@ training step begins. Its parts, in the order they happen:
   ray_init          the Ray cluster (Ray backend only)
   workers           spawning the worker processes and joining their process group
   actor_build       megatron model build and HF weight load (+ ref_build for the reference)
+  host_pin_wait     waiting for the pinned host memory offload keeps the training state in between steps: it is
+                    allocated on a thread from the actor's build on (host_pin_background: the thread's own time,
+                    beside the other parts, not added to the total)
   engine_init       the rollout engine; for vLLM split into engine_load, engine_compile (torch.compile, or
                     loading it from the cache), engine_capture (CUDA graphs) and engine_other (profiling,
                     KV cache, warm-up)
@@ -22,8 +25,9 @@ from typing import Optional
 import psutil
 
 # worker parts whose sum is the worker's init (engine_* parts other than engine_init are inside engine_init)
-WORKER_PARTS = ("actor_build", "ref_build", "engine_init", "first_sync")
+WORKER_PARTS = ("actor_build", "ref_build", "host_pin_wait", "engine_init", "first_sync")
 ENGINE_PARTS = ("engine_load", "engine_compile", "engine_capture", "engine_other")
+BACKGROUND_PARTS = ("host_pin_background",)  # ran beside the listed parts: reported, not summed
 
 
 def process_age() -> float:
@@ -52,7 +56,7 @@ class StartupClock:
         such, and the rest of the call's wall time (process group, tokenizer, plan) goes to `name`."""
         now = time.perf_counter()
         wall, self._mark = now - self._mark, now
-        inner = {k: float(v) for k, v in report.items() if k in WORKER_PARTS + ENGINE_PARTS}
+        inner = {k: float(v) for k, v in report.items() if k in WORKER_PARTS + ENGINE_PARTS + BACKGROUND_PARTS}
         self.parts.update(inner)
         self.parts[name] = self.parts.get(name, 0.0) + max(0.0, wall - sum(inner.get(k, 0.0) for k in WORKER_PARTS))
 
@@ -61,7 +65,7 @@ class StartupClock:
         metrics; what no part covers is `other`."""
         if self.total is None:
             self.total = time.perf_counter() - self._origin
-        listed = sum(v for k, v in self.parts.items() if k not in ENGINE_PARTS)
+        listed = sum(v for k, v in self.parts.items() if k not in ENGINE_PARTS + BACKGROUND_PARTS)
         metrics = {"timing_s/startup": self.total, **{f"timing_s/startup/{k}": v for k, v in self.parts.items()}}
         metrics["timing_s/startup/other"] = max(0.0, self.total - listed)
         return metrics
@@ -72,7 +76,8 @@ class StartupClock:
         total = m["timing_s/startup"]
         parts = sorted(((k.rsplit("/", 1)[1], v) for k, v in m.items() if k.startswith("timing_s/startup/")),
                        key=lambda kv: -kv[1])
-        shown = ", ".join(f"{k} {v:.1f}" for k, v in parts if v >= 0.05 * total and k not in ENGINE_PARTS)
+        shown = ", ".join(f"{k} {v:.1f}" for k, v in parts
+                          if v >= 0.05 * total and k not in ENGINE_PARTS + BACKGROUND_PARTS)
         engine = ", ".join(f"{k[len('engine_'):]} {m[f'timing_s/startup/{k}']:.1f}" for k in ENGINE_PARTS
                            if f"timing_s/startup/{k}" in m)
         return f"hybridrl: start-up {total:.1f} s to the first step ({shown})" + (f"; engine: {engine}" if engine else "")

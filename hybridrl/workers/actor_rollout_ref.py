@@ -11,6 +11,7 @@ of its own (rollout.py) and this worker's rank 0 broadcasts the weights to them 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from typing import Any, Optional
 
@@ -22,8 +23,17 @@ from hybridrl.utils.imports import load_object
 from hybridrl.utils.net import free_port
 from hybridrl.utils.timing import timed
 
-from .common import build_agent, build_rollout_engine, load_tokenizer_for, onloaded, sampling_for, setup_process
+from .common import (
+    build_agent,
+    build_rollout_engine,
+    load_tokenizer_for,
+    offload_flags,
+    onloaded,
+    sampling_for,
+    setup_process,
+)
 
+log = logging.getLogger(__name__)
 ROLLOUT_MESH = "rollout"
 ARA_HYBRID = "actor_rollout_ref.hybrid_engine"
 ROLLOUT_COMPUTE_PROTO = "ROLLOUT_COMPUTE_PROTO"
@@ -84,6 +94,8 @@ class ActorRolloutRefWorker(Worker):
         with timed(times, "actor_build"):
             self.actor = _actor_class(run)(model, ara.actor, d.actor, d.actor_batch,
                                            total_training_steps=self.total_training_steps)
+        if not d.placement.split:  # the hybrid engine offloads between steps: host memory pinned from now on
+            self.actor.prepare_offload(**offload_flags(ara.actor.megatron), onload_reserve=self._onload_reserve())
         if d.use_reference and getattr(self.actor, "lora", None) is not None:  # LoRA: the actor, adapters off
             self.ref = self.actor.adapters_off(ara.ref, d.ref_forward_micro_batch_per_gpu)
         elif d.use_reference:
@@ -102,6 +114,7 @@ class ActorRolloutRefWorker(Worker):
         self._declare_meshes()
         # The engine measures free memory when it starts: give it the memory training state holds.
         self.actor.offload(params=True, grads=True, optimizer=True)
+        times.update(self.actor.startup_times())  # what pinning the host arenas cost, and what of it start-up waited
         before = device_memory_used()
         with timed(times, "engine_init"):
             self.engine = build_rollout_engine(run, self.model_dir, hf_config, tokenizer, device, self.max_rollout_rows)
@@ -117,6 +130,23 @@ class ActorRolloutRefWorker(Worker):
             pass
         return {"rank": self.rank, "seconds": time.perf_counter() - start, "plan": self.plan.describe(),
                 "startup": times, **self.engine_memory}
+
+    def _onload_reserve(self) -> Optional[int]:
+        """With optimizer_offload on a GPU: the bytes the actor's forward/backward needs beyond what is resident (the
+        plan's activations and margin), so that the optimizer state comes back beside it as far as memory allows."""
+        run = self.run
+        if run.derived.device != "cuda" or not run.cfg.actor_rollout_ref.actor.megatron.optimizer_offload:
+            return None
+        from hybridrl.plan.estimate import actor_onload_reserve
+        from hybridrl.plan.model_shape import from_hf_config
+
+        config = getattr(self.actor, "hf_config", None)
+        try:
+            return actor_onload_reserve(run, from_hf_config(config.to_dict() if hasattr(config, "to_dict") else config))
+        except Exception as e:  # a shape the plan cannot read: the state comes back after the backward, as before
+            log.warning("actor: no memory plan for this model (%s); its optimizer state comes back after the "
+                        "forward/backward, not beside it", e)
+            return None
 
     def _declare_meshes(self) -> None:
         info = self.actor.dispatch_info()
@@ -170,6 +200,8 @@ class ActorRolloutRefWorker(Worker):
         start = time.perf_counter()
         with train_peak_memory() as peak:
             metrics = self.actor.update_policy(data)
+        if self.sync is not None:  # optimizer_offload: the state starts for the host beside what follows
+            self.sync.after_update()
         metrics["timing_s/update_actor_worker"] = time.perf_counter() - start
         if peak:
             metrics["memory/train_peak_bytes"] = float(peak["bytes"])

@@ -34,6 +34,8 @@ class CriticWorker(Worker):
         info = self.critic.dispatch_info()
         self.set_dispatch_info(info.dp_rank, info.dp_size, info.is_collect)
         if any(self._offload.values()):
+            # host memory for the state as it is after the first step (Adam's moments too), pinned at start-up
+            self.critic.prepare_offload(**self._offload)
             self.critic.offload(**self._offload)
         return {"rank": self.rank, "seconds": time.perf_counter() - start}
 

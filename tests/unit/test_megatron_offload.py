@@ -49,9 +49,9 @@ def test_offload_rebuilds_the_arena_when_the_storages_change():
     first = torch.ones(1024)
     offload._offload_storages([first], state, "optimizer", keep=True, device_type="cpu")
     offload._onload_storages(state, "optimizer", keep=True)
-    rebuilt = torch.zeros(512)  # e.g. a new optimizer: the old state's memory must not stay pinned
+    rebuilt = torch.zeros(100)  # e.g. a new optimizer: the old state's memory must not stay pinned
     offload._offload_storages([rebuilt], state, "optimizer", keep=True, device_type="cpu")
-    assert state.pinned_bytes() == 512 * 4
+    assert state.pinned_bytes() == offload.ALIGN
     offload._onload_storages(state, "optimizer", keep=True)
     assert bool((rebuilt == 0).all()) and bool((first == 1).all())
 
@@ -141,7 +141,7 @@ def test_slow_pinning_is_a_warning_with_its_phases(caplog):
     def arena(nbytes, fault, register):
         buf = pinned.PinnedBuffer(0, pin=False)
         buf.nbytes, buf.seconds = nbytes, {"map": 0.0, "fault": fault, "register": register}
-        return offload.HostArena(buf, {})
+        return buf
 
     with caplog.at_level("INFO", logger=offload.log.name):
         offload._log_pinning([arena(int(18.5e9) - 4096, 2.0, 2.0), arena(4096, 0.5, 0.5)])  # 3.7 GB/s
@@ -153,18 +153,15 @@ def test_slow_pinning_is_a_warning_with_its_phases(caplog):
 def test_an_optimizer_state_left_offloaded_comes_back_before_the_step_or_a_checkpoint(monkeypatch):
     """weight_sync.release leaves the optimizer state on the host; MegatronRole brings it back by itself
     (train_step's before_step, save/load_checkpoint). The device side runs on CPU storages here."""
-    from hybridrl.adapters.megatron import compat
+    from hybridrl.adapters.megatron import overlap
     from hybridrl.adapters.megatron.role import MegatronRole
 
-    monkeypatch.setattr(compat, "cuda_in_use", lambda: True)
-    monkeypatch.setattr(compat, "synchronize", lambda: None)
-    monkeypatch.setattr(compat, "empty_cache", lambda: None)
     exp_avg = torch.arange(64, dtype=torch.float32)
-    role = types.SimpleNamespace(engine=None, _offloaded=offload.State(), _optimizer_onload_s=0.0)
-    offload._offload_storages([exp_avg], role._offloaded, "optimizer", keep=True, device_type="cpu")
+    role = types.SimpleNamespace(engine=None, _offloaded=offload.State(device_type="cpu"), _onload=overlap.Moved())
+    offload._offload_storages([exp_avg], role._offloaded, "optimizer", keep=True)
     assert exp_avg.untyped_storage().nbytes() == 0
     MegatronRole._optimizer_on_device(role)
-    assert torch.equal(exp_avg, torch.arange(64, dtype=torch.float32)) and role._optimizer_onload_s > 0
-    spent = role._optimizer_onload_s
+    assert torch.equal(exp_avg, torch.arange(64, dtype=torch.float32))
+    assert role._onload.nbytes == 256 and role._onload.overlapped_bytes == 0  # nothing was sent for earlier
     MegatronRole._optimizer_on_device(role)  # already on the device: nothing moves
-    assert role._optimizer_onload_s == spent and not role._offloaded.offloaded["optimizer"]
+    assert role._onload.nbytes == 256 and not role._offloaded.offloaded["optimizer"]

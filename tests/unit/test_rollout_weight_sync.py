@@ -51,6 +51,9 @@ class FakeActor(StubActor):
         self.log.append(f"actor.onload(params={params}, grads={grads}, optimizer={optimizer})")
         return OffloadReport(params_bytes=10 * params, grads_bytes=20 * grads, optimizer_bytes=40 * optimizer)
 
+    def begin_offload(self, params, optimizer):
+        self.log.append(f"actor.begin_offload(params={params}, optimizer={optimizer})")
+
 
 
 class FakeEngine(RolloutEngine):
@@ -139,6 +142,33 @@ def test_without_optimizer_offload_the_optimizer_state_stays_on_the_gpu():
     assert log[0] == "actor.offload(params=False, grads=True, optimizer=False)"
     assert log[-1] == "actor.onload(params=False, grads=True, optimizer=False)"
     assert metrics["offload/bytes"] == 20
+
+
+def test_the_optimizer_state_starts_for_the_host_after_the_update_and_push_finishes_it():
+    """optimizer_offload: after_update() begins the state's trip (its copies overlap what runs until the next step);
+    push's offload waits for the rest and reports both times. Without optimizer_offload nothing begins."""
+    log: list = []
+
+    class Timed(FakeActor):
+        def offload(self, params, grads, optimizer):
+            report = super().offload(params, grads, optimizer)
+            return OffloadReport(**{**report.__dict__, "optimizer_seconds": 1.5 * optimizer,
+                                    "optimizer_exposed_seconds": 0.25 * optimizer})
+
+    sync = WeightSync(Timed(toy_weights(2), log), FakeEngine(log), SyncOptions(bucket_bytes=4096, optimizer_offload=True))
+    sync.after_update()
+    with sync.rollout_phase(step=1) as metrics:
+        sync.after_update()  # generating (pushed, not released): the state is on the host already, nothing to begin
+    assert log[:2] == ["actor.begin_offload(params=False, optimizer=True)",
+                       "actor.offload(params=False, grads=True, optimizer=True)"]
+    assert log.count("actor.begin_offload(params=False, optimizer=True)") == 1
+    assert metrics["timing_s/optimizer_offload"] == 1.5 and metrics["timing_s/optimizer_offload_exposed"] == 0.25
+    kept: list = []
+    plain = WeightSync(Timed(toy_weights(2), kept), FakeEngine(kept), SyncOptions(bucket_bytes=4096))
+    plain.after_update()
+    with plain.rollout_phase(step=1) as metrics:
+        pass
+    assert not any("begin_offload" in e for e in kept) and "timing_s/optimizer_offload" not in metrics
 
 
 class OutOfMemoryEngine(FakeEngine):

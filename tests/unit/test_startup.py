@@ -65,6 +65,21 @@ def test_startup_clock_parts_add_up_to_the_total():
     assert clock.summary().startswith(f"hybridrl: start-up {m['timing_s/startup']:.1f} s")
 
 
+def test_host_pinning_in_the_background_is_listed_but_only_its_wait_adds_up():
+    """The actor pins its offload arenas on a thread (host_pin_background) while the start-up goes on; what the
+    start-up waited for them (host_pin_wait) is a part of the worker's init like actor_build."""
+    clock = StartupClock()
+    time.sleep(0.04)
+    clock.add_worker({"actor_build": 0.01, "host_pin_wait": 0.02, "host_pin_background": 5.0, "first_sync": 0.0})
+    m = clock.done()
+    parts = {k.rsplit("/", 1)[1]: v for k, v in m.items() if k.startswith("timing_s/startup/")}
+    assert parts["host_pin_wait"] == 0.02 and parts["host_pin_background"] == 5.0
+    assert parts["workers"] == pytest.approx(0.04 - 0.03, abs=0.015)
+    top = sum(v for k, v in parts.items() if k != "host_pin_background")
+    assert top == pytest.approx(m["timing_s/startup"], rel=1e-9)
+    assert "host_pin_background" not in clock.summary()
+
+
 def test_vllm_startup_parts_are_read_from_its_log_records():
     handler = _StartupLog()
     log = logging.getLogger("vllm.v1.worker.gpu_model_runner")
