@@ -1,7 +1,7 @@
 """Layouts across GPUs (issues 8 and 9): training parity of tp/pp/dp against one GPU, the NVLink all-gather
 floor, and a summary of GRPO runs of the real trainer on 1 and N GPUs.
 
-Subcommands (benchmarks/multi_gpu_run.sh strings them together on the GPU host):
+Subcommands (the rows of benchmarks/rows_two_gpu.py string them together on the GPU host):
     model      random Qwen2-shaped model (+ the demo's tokenizer and arithmetic data) in HF format
     parity     under torchrun: one layout's log-probs, one update's loss and grad norm, log-probs after it
     allgather  under torchrun: NCCL all-gather bandwidth (bytes each rank receives per second)
@@ -82,7 +82,7 @@ def parse() -> argparse.Namespace:
     r = sub.add_parser("report")
     r.add_argument("--in-dir", required=True)
     r.add_argument("--out", required=True)
-    r.add_argument("--command", default="bash benchmarks/multi_gpu_run.sh")
+    r.add_argument("--command", default="python3 benchmarks/runs.py run multi_report")
     r.add_argument("--name", default="two_gpu")
     return p.parse_args()
 

@@ -1,4 +1,5 @@
-"""Issue 17's record (benchmarks/results/rollout_graphs.json) from the runs of one lease (gpu_run.sh):
+"""Issue 17's record (benchmarks/results/rollout_graphs.json) from the runs of one lease (the rows grpo, gap and
+report of benchmarks/runs.py):
 
   --bench DIR       hybrid_bench.py's rollout_bench.json + reshard_bench.json (graphs on; hybrid vs standalone
                     alternated; the 0.5B random model's gap table)
@@ -70,7 +71,7 @@ def main() -> None:
     p.add_argument("--graphs", required=True)
     p.add_argument("--warm", default=None)
     p.add_argument("--eager", required=True)
-    p.add_argument("--command", default="bash benchmarks/gpu_run.sh graphs")
+    p.add_argument("--command", default="python3 benchmarks/runs.py run report")
     p.add_argument("--out", required=True)
     args = p.parse_args()
 

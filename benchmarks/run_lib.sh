@@ -1,4 +1,4 @@
-# Shared by the GPU runners (gpu_run.sh, multi_gpu_run.sh); source it after setting OUT.
+# Shell helpers of the staging scripts (peer_verl/run.sh stage|stage_megatron); source it after setting OUT.
 step() {  # step NAME TIMEOUT_S CMD...: run CMD into $OUT/NAME.log, print its exit code, time and last lines
   local name=$1 t=$2; shift 2
   local start=$SECONDS

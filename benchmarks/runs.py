@@ -1,175 +1,220 @@
 """Every GPU run of benchmarks/, by name, in one table: what it runs, the GPUs it needs, its time cap, the results
-files it writes, and its CPU dry run where one exists.
+files it writes, its knobs, and its CPU dry run where one exists.
 
     python benchmarks/runs.py list [--gpus N]
-    python benchmarks/runs.py show NAME
-    python benchmarks/runs.py run NAME [-- EXTRA ARGS]      # on the GPU host, OUT=/tmp/res as the modes expect
-    python benchmarks/runs.py dry NAME                      # the row's CPU dry run (CPU=1, PY=this python)
+    python benchmarks/runs.py show NAME [ARGS...]                  # the row and the commands it would run
+    python benchmarks/runs.py [--out DIR] [--set KNOB=V ...] run NAME [ARGS...]      # on the GPU host
+    python benchmarks/runs.py [--out DIR] [--set KNOB=V ...] dry NAME [ARGS...]      # its CPU dry run, here
 
-A row runs through the script that stages and logs it (gpu_run.sh, multi_gpu_run.sh, peer_verl/run.sh) or through
-the Python runners that are tables themselves (four_gpu.py, async_rl.py, agent_tools.py); this table does not
-change what any mode runs, it names them. Environment knobs a mode reads (GRPO_ARGS, SHAPE, SEED, ...) pass through.
+A row is a function that yields its steps (runner.py performs them: each command under its cap, its log in
+OUT/STEP.log; OUT defaults to $OUT, else /tmp/out; results go to OUT/results). The rows live beside the code they
+run: rows_one_gpu.py (tests/gpu, rollout, gap, GRPO, agent, speed, MoE, scale), rows_two_gpu.py (issue 8's layouts,
+issue 21's split placement), peer_verl/rows.py (verl side by side), and below, the runners that are tables of their
+own (four_gpu.py, async_rl.py, agent_tools.py, two_nodes.py, reward_model_bench.py), one row per entry of theirs.
+A knob is a row's parameter with a default (`show` lists them): `--set KNOB=V`, or the environment variable KNOB as the
+shell runners read it. Shell is for staging only: gpu_run.sh stage (the offline bundle), the bundle's unpack.sh,
+peer_verl/run.sh stage|stage_megatron; gpu_run.sh, multi_gpu_run.sh and peer_verl/run.sh forward any other mode here.
 Results land in benchmarks/results/NAME.json + .md (DEVELOPERS.md); the history of runs is in those .md files.
-tests/unit/test_bench_runs.py checks that every mode the shell scripts accept has a row here.
+tests/unit/test_run_table.py lists every row's commands and checks their arguments and configs on CPU.
 """
 from __future__ import annotations
 
 import argparse
 import os
-import subprocess
+import shlex
 import sys
-from dataclasses import dataclass, field
-from typing import Optional
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CALL_CAP_S = 600  # one device call; every mode is built to end inside it
-
-
-@dataclass(frozen=True)
-class Run:
-    name: str
-    what: str
-    command: tuple[str, ...]  # argv, from the repository root
-    gpus: int = 1
-    cap_s: int = CALL_CAP_S
-    results: tuple[str, ...] = ()  # files under benchmarks/results/ the run (or its report) writes
-    dry: Optional[tuple[str, ...]] = None  # the CPU dry run (None: none exists, e.g. vLLM-only checks)
-    env: dict[str, str] = field(default_factory=dict)
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import agent_tools  # noqa: E402  (benchmarks/: this script's folder)
+import async_rl  # noqa: E402
+import four_gpu  # noqa: E402
+import rows_one_gpu  # noqa: E402
+import rows_two_gpu  # noqa: E402
+import two_nodes  # noqa: E402
+from peer_verl import rows as peer_rows  # noqa: E402
+from rows_one_gpu import ENV, SMOL, build_model  # noqa: E402
+from runner import Actions, Command, Context, Run, listing, perform  # noqa: E402
 
 
-def _one(mode: str, *args: str) -> tuple[str, ...]:
-    return ("bash", "benchmarks/gpu_run.sh", mode, *args)
+def command(*argv: str):
+    """A row of one Python command (a benchmark of its own, a probe); ARGS of `runs.py run NAME ARGS` are appended."""
+    def steps(c: Context) -> Actions:
+        yield Command((c.python, *argv, *c.args))
+    return steps
 
 
-def _two(mode: str, *args: str) -> tuple[str, ...]:
-    return ("bash", "benchmarks/multi_gpu_run.sh", mode, *args)
+def four_gpu_rows() -> list[Run]:
+    """four_gpu.py's rows (issue 33): `four_gpu_NAME` runs `four_gpu.py run NAME --out OUT`; the tiny_* rows and the
+    all-gather probes also run on CPU (`--cpu`: gloo, the tiny model, the torch engine)."""
+    def row(name: str, what: str, gpus: int, cpu: bool) -> Run:
+        argv = ("benchmarks/four_gpu.py", "run", name)
+        return Run(f"four_gpu_{name}", what, command_out(argv, cpu), gpus=gpus, results=("four_gpu.json",), cpu=cpu,
+                   env=ENV)
+    rows = [row(name, r.what, r.gpus, r.shape == "tiny") for name, r in four_gpu.RUNS.items()]
+    rows += [row(f"allgather_{n}", f"the NCCL all-gather and device-copy bandwidth on {n} GPUs (the sync floor)", n, True)
+             for n in (2, 4)]
+    return rows
 
 
-def _peer(mode: str) -> tuple[str, ...]:
-    return ("bash", "benchmarks/peer_verl/run.sh", mode)
+def command_out(argv: tuple[str, ...], cpu: bool):
+    def steps(c: Context) -> Actions:
+        yield Command((c.python, *argv, "--out", c.out, *(("--cpu",) if c.cpu else ()), *c.args))
+    return steps
 
 
-SPLIT = ("actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.rollout.n_gpus_per_node=1",
-         "actor_rollout_ref.rollout.calculate_log_probs=true")
-TP2 = "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2"
-RTP = "actor_rollout_ref.rollout.tensor_model_parallel_size="
+def report(*argv: str):
+    """A runner's report over OUT (its --in-dir) into OUT/results."""
+    def steps(c: Context) -> Actions:
+        yield Command((c.python, *(a.replace("{OUT}", c.out) for a in argv), *c.args))
+    return steps
 
-ONE_GPU = [
-    Run("stage", "unpack the offline bundle, the gguf wheel and SmolLM2's file", _one("stage")),
-    Run("checks", "tests/gpu (controller NCCL, megatron bf16, vLLM hybrid) + train_bench vs unfused attention",
-        _one("checks"), results=("train_bench.json",)),
-    Run("bench", "hybrid_bench: rollout vs standalone vLLM peers, gap, follow, reshard, plan vs measured",
-        _one("bench"), results=("rollout_bench.json", "reshard_bench.json", "plan_vs_measured_0.5b_1gpu.json")),
-    Run("gap", "gap_bench per engine vs float32 on the random 1.5B and SmolLM2", _one("gap"),
-        results=("gap_bench.json", "gap_bench_smollm2.json")),
-    Run("grpo", "GRPO SmolLM2 + gsm_symbolic for GRPO_TIME_S (GRPO_NAME, GRPO_ARGS)", _one("grpo"),
-        results=("grpo_smollm2.json",)),
-    Run("agent", "tests/gpu/test_agent_vllm.py + agent_bench (multi-turn calculator vs single-turn)", _one("agent"),
-        results=("agent_loop.json",)),
-    Run("agentgrpo", "GRPO with configs/agent_smollm2_calc.yaml for AGENT_TIME_S", _one("agentgrpo")),
-    Run("report", "rollout_graphs_report over the grpo/gap runs of the lease", _one("report"),
-        results=("rollout_graphs.json",)),
-    Run("te", "transformer-engine's GPU tests (its spec the default)", _one("te")),
-    Run("speed", "train_bench on SHAPE: local vs TE, padded vs packed, FP8 recipes", _one("speed"),
-        results=("megatron_speed.json",)),
-    Run("speed7b", "train_bench on the 7B shape, TE + packed, optimizer on the host until its step", _one("speed7b"),
-        results=("megatron_speed.json",)),
-    Run("speed7bcmp", "the 7B shape's te_vs_local and packed_vs_padded", _one("speed7bcmp"),
-        results=("megatron_speed.json",)),
-    Run("moe", "GRPO on the random Qwen3-MoE moe_1b, router replay off and R3, gap_bench, moe_report", _one("moe"),
-        results=("moe_grpo.json",)),
-    Run("moetest", "tests/gpu/test_vllm_moe.py", _one("moetest")),
-    *[Run(f"scale_{s}", f"issue 19's scale curve, the {s} shape through the real trainer", _one("scale", s),
-          results=("megatron_scale.json",), dry=_one("scale", s)) for s in ("0.5b", "1.5b", "3b", "7b")],
-    Run("scalemodel", "build the random scale models only (SHAPE... as extra args)", _one("scalemodel")),
-]
 
-TWO_GPU = [
-    Run("multi_stage", "unpack the bundle, build the random 1.5B model", _two("stage"), gpus=2, dry=_two("stage")),
-    Run("parity", "tp2, pp2, dp2 against one GPU + the NCCL all-gather floor", _two("parity"), gpus=2,
-        dry=_two("parity")),
-    *[Run(f"grpo_{name}", f"GRPO through Ray on {n} GPU(s), preset 1.5b_2gpu{': ' + note if note else ''}",
-          _two("grpo", name, str(n), *extra), gpus=2, dry=_two("grpo", name, str(n), *extra))
-      for name, n, extra, note in [
-          ("1gpu", 1, (), ""),
-          ("2gpu_dp", 2, (), "actor dp2 -> vLLM dp_g2"),
-          ("2gpu_tp", 2, (TP2, RTP + "2"), "actor tp2 -> vLLM tp_g2"),
-          ("2gpu_tp_to_dp", 2, (TP2, RTP + "1"), "actor tp2 -> vLLM tp_g1 dp_g2"),
-          ("split_sync", 1, SPLIT, "rollout on its own GPU, synchronous"),
-          ("one_step_off", 1, (*SPLIT, "trainer.one_step_off_policy=true"), "generation of k+1 during update k")]],
-    Run("multi_report", "multi_gpu_bench report over the lease's runs", _two("report"), gpus=2,
-        results=("two_gpu.json",), dry=_two("report")),
-]
+def async_rl_rows() -> list[Run]:
+    def steps(name: str):
+        def run(c: Context) -> Actions:
+            out = c.path("async_rl")
+            yield Command((c.python, "benchmarks/async_rl.py", *(("dry-run", name) if c.cpu else ("run", name, "--model", SMOL)),
+                           "--out", out, *c.args))
+        return run
+    return [Run(f"async_rl_{name}", f"issue 37: {name} on {r.gpus} GPUs (async_rl.py)", steps(name), gpus=r.gpus,
+                results=("async_rl.json",), cpu=True, env=ENV) for name, r in async_rl.RUNS.items()]
 
-PEER_VERL = [Run(f"peer_{mode}", f"verl 0.9.1 side by side: peer_verl/run.sh {mode}", _peer(mode),
-                 gpus=4 if mode.endswith("4gpu") else 1, results=results)
-             for mode, results in [
-                 ("stage", ()), ("verl_smol", ()), ("ours_smol", ()), ("ours_smol_seed", ()), ("verl_smol_seed", ()),
-                 ("ours_smol_verl_order", ()), ("verl_1p5b", ()), ("ours_1p5b", ()),
-                 ("verl_smol_1", ()), ("verl_smol_2", ()), ("verl_1p5b_1", ()), ("verl_1p5b_2", ()),
-                 ("report", ("peer_verl.json",)), ("stage_megatron", ()),
-                 ("verl_megatron_smol", ()), ("verl_megatron_1p5b", ()), ("verl_megatron_7b", ()),
-                 ("verl_megatron_7b_4gpu", ()), ("verl_7b", ()), ("verl_7b_4gpu", ()), ("ours_7b", ()),
-                 ("ours_7b_4gpu", ()), ("ours_best_smol", ()), ("ours_best_1p5b", ()), ("ours_best_smol_seed", ()),
-                 ("report_megatron", ("peer_verl_megatron.json",))]]
 
-# the runners that are tables of their own: `run NAME -- run ROW --out DIR` reaches a row (their `list` names them)
+def agent_tools_rows() -> list[Run]:
+    def steps(stage: str):
+        def run(c: Context) -> Actions:
+            yield Command((c.python, "benchmarks/agent_tools.py", "run", stage, "--out", c.path("agent_tools"),
+                           "--model", SMOL, *(("--dry",) if c.cpu else ()), *c.args))
+        return run
+    return [Run(f"agent_tools_{name}", f"issue 41: {s.what}", steps(name), results=("agent_tools.json",), cpu=True,
+                env=ENV) for name, s in agent_tools.STAGES.items()]
+
+
+def two_nodes_rows() -> list[Run]:
+    def steps(name: str):
+        def run(c: Context) -> Actions:
+            yield Command((c.python, "benchmarks/two_nodes.py", *(("--cpu",) if c.cpu else ()), "run", name,
+                           "--out-dir", c.path("two_nodes"), *c.args))
+        return run
+    return [Run(f"two_nodes_{name}", f"issue 43: {r.nodes} Ray node(s) on the 4 GPUs", steps(name), gpus=4,
+                results=("two_nodes.json",), cpu=True, env=ENV) for name, r in two_nodes.RUNS.items()]
+
+
+def reward_model(c: Context) -> Actions:
+    """Issue 42: the policy and its 0.5B-shaped reward model (random weights), GRPO on one GPU, the report."""
+    bench = (c.python, "benchmarks/reward_model_bench.py")
+    if c.cpu:
+        yield Command((*bench, "dry-run", "--out", c.path("reward_model_dry")))
+        return
+    models, run = "/tmp/rm_models", c.path("reward_model")
+    yield Command((*bench, "models", "--dir", models))
+    yield Command((*bench, "run", "--models", models, "--out", run, *c.args))
+    yield Command((*bench, "report", "--in-dir", run, "--out", c.path("results", "reward_model.json")))
+
+
+def decode_step_probe(c: Context) -> Actions:
+    yield from build_model(c, "model", 300, "/tmp/m_1.5b", "1.5b")
+    yield Command((c.python, "benchmarks/probes/decode_step_probe.py", "--model-dir", "/tmp/m_1.5b",
+                   "--out", c.path("decode_step_probe.json"), *c.args))
+
+
 TABLES = [
-    Run("four_gpu", "issue 33's multi-GPU GRPO rows (four_gpu.py list)", ("python3", "benchmarks/four_gpu.py"), gpus=4,
-        results=("four_gpu.json",), dry=("python3", "benchmarks/four_gpu.py", "run", "tiny_dp2", "--cpu", "--out", "/tmp/four_gpu_dry")),
-    Run("async_rl", "issue 37: fully async vs colocated vs one-step-off (async_rl.py list)",
-        ("python3", "benchmarks/async_rl.py"), gpus=4, results=("async_rl.json",),
-        dry=("python3", "benchmarks/async_rl.py", "dry-run", "--out", "/tmp/async_rl_dry")),
-    Run("agent_tools", "issue 41: traces, SFT, GRPO with and without the tool (agent_tools.py list)",
-        ("python3", "benchmarks/agent_tools.py"), results=("agent_tools.json",),
-        dry=("python3", "benchmarks/agent_tools.py", "run", "--dry")),  # prints the commands
-    Run("reward_model", "issue 42: GRPO with a reward model on one GPU + its plan",
-        ("python3", "benchmarks/reward_model_bench.py"), results=("reward_model.json",),
-        dry=("python3", "benchmarks/reward_model_bench.py", "dry-run", "--out", "/tmp/reward_model_dry")),
-    Run("pinned", "pinning offload's host memory, torch vs the arena (torch only)",
-        ("python3", "benchmarks/pinned_bench.py"), results=("pinned_bench.json",)),
+    *four_gpu_rows(),
+    Run("four_gpu_report", "four_gpu.py's report over OUT: medians, dp scaling, sync over its floor",
+        report("benchmarks/four_gpu.py", "report", "--in-dir", "{OUT}", "--out", "{OUT}/results/four_gpu.json"),
+        gpus=0, results=("four_gpu.json",)),
+    *async_rl_rows(),
+    Run("async_rl_report", "issue 37's report over OUT/async_rl",
+        report("benchmarks/async_rl.py", "report", "--in-dir", "{OUT}/async_rl", "--out", "{OUT}/results/async_rl.json"),
+        gpus=0, results=("async_rl.json",)),
+    *agent_tools_rows(),
+    Run("agent_tools_report", "issue 41's report over OUT/agent_tools",
+        report("benchmarks/agent_tools.py", "report", "--out", "{OUT}/agent_tools", "--json",
+               "{OUT}/results/agent_tools.json"), gpus=0, results=("agent_tools.json",)),
+    *two_nodes_rows(),
+    Run("two_nodes_report", "issue 43's report over OUT/two_nodes",
+        report("benchmarks/two_nodes.py", "report", "--in-dir", "{OUT}/two_nodes", "--out",
+               "{OUT}/results/two_nodes.json"), gpus=0, results=("two_nodes.json",)),
+    Run("reward_model", "issue 42: GRPO with a reward model on one GPU + its plan", reward_model,
+        results=("reward_model.json",), cpu=True, env=ENV),
+    Run("pinned", "pinning offload's host memory, torch vs the arena (torch only, no bundle)",
+        command("benchmarks/pinned_bench.py"), results=("pinned_bench.json",)),
+    Run("adam_mem", "GPU memory of torch's AdamW step beyond its state (torch only)",
+        command("benchmarks/adam_mem.py", "2e9"), results=("adam_mem.json",)),
+    Run("probe_decode_step", "probes/decode_step_probe.py: where vLLM's decode step time goes", decode_step_probe,
+        env=ENV),
+    Run("probe_vllm_stop_token", "probes/vllm_stop_token_probe.py: does vLLM keep the stop token",
+        command("benchmarks/probes/vllm_stop_token_probe.py"), env=ENV),
 ]
 
-RUNS = {r.name: r for r in ONE_GPU + TWO_GPU + PEER_VERL + TABLES}
-assert len(RUNS) == len(ONE_GPU + TWO_GPU + PEER_VERL + TABLES), "run names must be unique"
+ALL = rows_one_gpu.ROWS + rows_two_gpu.ROWS + peer_rows.ROWS + TABLES
+RUNS = {r.name: r for r in ALL}
+assert len(RUNS) == len(ALL), "run names must be unique"
 
 
-def _execute(argv: tuple[str, ...], env: dict[str, str]) -> int:
-    print("+ " + " ".join(argv), flush=True)
-    return subprocess.call(list(argv), cwd=ROOT, env={**os.environ, **env})
+def context(run: Run, out: str, cpu: bool = False, args: tuple[str, ...] = (), knobs: tuple[str, ...] = (),
+            listing: bool = False) -> Context:
+    """The row's context: its knobs from `knobs` (KNOB=V), else the environment, else their defaults."""
+    values = {k: os.environ.get(k, default) for k, default in run.knobs.items()}
+    for kv in knobs:
+        key, _, value = kv.partition("=")
+        if key not in run.knobs:
+            raise SystemExit(f"runs.py: {run.name} has no knob {key} (its knobs: {', '.join(run.knobs) or 'none'})")
+        values[key] = value
+    return Context(out=out, cpu=cpu, args=args, knobs=values, env=run.env, listing=listing)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def actions(name: str, out: str = "/tmp/out", cpu: bool = False, args: tuple[str, ...] = (),
+            knobs: tuple[str, ...] = ()) -> list:
+    """What `runs.py run|dry NAME` would do, as a list of actions (nothing runs)."""
+    run = RUNS[name]
+    ctx = context(run, out, cpu, args, knobs, listing=True)
+    return listing(run.steps(ctx), ctx)
+
+
+def describe(action) -> str:
+    kind = type(action).__name__.lower()
+    argvs = action.commands()
+    if argvs:
+        cap = f" (cap {action.cap_s} s, log {action.name}.log)" if hasattr(action, "cap_s") else ""
+        return f"  {kind}{cap}: {shlex.join(argvs[0])}"
+    return f"  {kind}: {getattr(action, 'text', '') or getattr(action, 'path', '') or ' '.join(getattr(action, 'paths', ()))}"
+
+
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"), help="logs here, results in OUT/results")
+    p.add_argument("--set", action="append", default=[], metavar="KNOB=V", help="a knob of the row (`show` lists them)")
     sub = p.add_subparsers(dest="cmd", required=True)
     ls = sub.add_parser("list")
     ls.add_argument("--gpus", type=int, default=None, help="only the runs that fit this many GPUs")
     for name in ("show", "run", "dry"):
-        sub.add_parser(name).add_argument("name", choices=sorted(RUNS), metavar="NAME")
-    args, extra = p.parse_known_args(argv)
-    extra = extra[1:] if extra[:1] == ["--"] else extra
+        one = sub.add_parser(name)
+        one.add_argument("name", choices=sorted(RUNS), metavar="NAME")
+        one.add_argument("args", nargs=argparse.REMAINDER, help="the row's arguments (its usage in `show`)")
+    args = p.parse_args(argv)
     if args.cmd == "list":
-        for r in RUNS.values():
+        for r in ALL:
             if args.gpus is None or r.gpus <= args.gpus:
-                print(f"{r.name:24} {r.gpus} GPU  cap {r.cap_s:>4}s  {'dry ' if r.dry else '    '}{r.what}")
+                print(f"{r.name:34} {r.gpus} GPU  cap {r.cap_s:>4}s  {'dry ' if r.cpu else '    '}{r.what}")
         return 0
-    run = RUNS[args.name]
+    run, extra = RUNS[args.name], tuple(args.args[1:] if args.args[:1] == ["--"] else args.args)
     if args.cmd == "show":
-        print(f"{run.name}: {run.what}\n  command: {' '.join(run.command)}\n  gpus: {run.gpus}, cap: {run.cap_s} s\n"
+        print(f"{run.name}{' ' + run.params if run.params else ''}: {run.what}\n  gpus: {run.gpus}, cap: {run.cap_s} s, "
+              f"CPU dry run: {'yes' if run.cpu else 'no'}\n"
               f"  results: {', '.join('benchmarks/results/' + f for f in run.results) or '-'}\n"
-              f"  dry run: {' '.join(run.dry) if run.dry else '-'}")
+              f"  knobs: {' '.join(f'{k}={v!r}' for k, v in run.knobs.items()) or '-'}\n  OUT={args.out}:")
+        for action in actions(run.name, args.out, False, extra, tuple(args.set)):
+            print(describe(action))
         return 0
-    if args.cmd == "dry":
-        if run.dry is None:
-            print(f"runs.py: {run.name} has no CPU dry run", file=sys.stderr)
-            return 2
-        return _execute(_with_python(run.dry) + tuple(extra), {"CPU": "1", "PY": sys.executable, **run.env})
-    return _execute(run.command + tuple(extra), run.env)
-
-
-def _with_python(argv: tuple[str, ...]) -> tuple[str, ...]:
-    """The dry runs of the Python runners use this interpreter (the venv here), as CPU=1 PY= does for the shells."""
-    return (sys.executable, *argv[1:]) if argv[0] == "python3" else argv
+    if args.cmd == "dry" and not run.cpu:
+        print(f"runs.py: {run.name} has no CPU dry run (`show {run.name}` lists its commands)", file=sys.stderr)
+        return 2
+    os.makedirs(os.path.join(args.out, "results"), exist_ok=True)
+    ctx = context(run, args.out, args.cmd == "dry", extra, tuple(args.set))
+    print(f"runs.py {args.cmd} {run.name}: {run.what}; OUT={args.out}", flush=True)
+    return perform(run.steps(ctx), ctx)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 
     python benchmarks/scale_report.py --in-dir OUT --out OUT/results/megatron_scale.json [--command "..."]
 
-Reads every OUT/scale_SHAPE/ that `benchmarks/gpu_run.sh scale SHAPE` wrote: run.json (shape, device, the
+Reads every OUT/scale_SHAPE/ that the row scale_SHAPE of benchmarks/runs.py wrote: run.json (shape, device, the
 shape's overrides, the trainer command), plan.json (`hybridrl plan ... --json`, the same overrides) and
 logs/metrics.jsonl (the trainer's, one record per step; a step logged twice keeps its last record, as the
 trainer's plot does). Per shape, timings over steps 2..N (step 1 carries compilation, allocator growth and
@@ -116,7 +116,7 @@ def summarize(steps: list[dict[str, Any]], plan: dict[str, Any]) -> dict[str, An
 
 
 def load_run(folder: str) -> dict[str, Any]:
-    """run.json + plan.json + the summary of logs/metrics.jsonl of one `gpu_run.sh scale` folder."""
+    """run.json + plan.json + the summary of logs/metrics.jsonl of one scale_SHAPE run folder."""
     info = json.load(open(os.path.join(folder, "run.json")))
     try:
         plan = json.load(open(os.path.join(folder, "plan.json")))
@@ -186,7 +186,7 @@ def _order(run: dict[str, Any]) -> tuple:
 def report(in_dir: str, out: str, command: str) -> dict[str, Any]:
     folders = sorted(p for p in glob.glob(os.path.join(in_dir, "scale_*")) if os.path.exists(os.path.join(p, "run.json")))
     if not folders:
-        raise SystemExit(f"scale_report: no {in_dir}/scale_*/run.json (written by benchmarks/gpu_run.sh scale SHAPE)")
+        raise SystemExit(f"scale_report: no {in_dir}/scale_*/run.json (written by `benchmarks/runs.py run scale_SHAPE`)")
     loaded = sorted((load_run(f) for f in folders), key=_order)
     runs = {r["shape"]: r for r in loaded}
     metrics: dict[str, Any] = {}
@@ -218,7 +218,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--in-dir", required=True, help="the runner's OUT: holds scale_SHAPE/ folders")
     p.add_argument("--out", required=True)
-    p.add_argument("--command", default="bash benchmarks/gpu_run.sh scale SHAPE")
+    p.add_argument("--command", default="python3 benchmarks/runs.py run scale_SHAPE")
     args = p.parse_args()
     report(args.in_dir, args.out, args.command)
 

@@ -1,5 +1,5 @@
 """Does verl 0.9.1 accept settings.py's command lines? Composes verl's own Hydra config (verl/trainer/config,
-ppo_trainer, the overrides exactly as run.sh passes them), runs the checks its main_ppo runs before starting Ray
+ppo_trainer, the overrides exactly as rows.py passes them), runs the checks its main_ppo runs before starting Ray
 (validate_config) and builds the typed configs its workers build from it (actor, ref, rollout, engine dataclasses:
 their __post_init__ checks), for each (trainer, job). No GPU, no Ray, no model weights.
 

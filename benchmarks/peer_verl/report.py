@@ -1,8 +1,8 @@
-"""Side-by-side table of verl 0.9.1 and hybridrl on the same GRPO jobs (run.sh's four runs).
+"""Side-by-side table of verl 0.9.1 and hybridrl on the same GRPO jobs (the peer_* rows of benchmarks/runs.py).
 
     python benchmarks/peer_verl/report.py --runs OUT --out benchmarks/results/peer_verl.json   (+ the .md beside it)
 
-Each run folder (run.sh train) holds the trainer's per-step metrics (verl's file logger: {"step", "data"} per line;
+Each run folder (peer_verl/rows.py's Train) holds the trainer's per-step metrics (verl's file logger: {"step", "data"} per line;
 hybridrl's jsonl logger: flat records), command.txt, launched_at / first_metrics_at / ended_at (epoch seconds) and
 gpu_mem_mib.txt (nvidia-smi samples every 0.5 s, the whole GPU: vLLM's pool and the trainer's memory together).
 

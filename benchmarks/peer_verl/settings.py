@@ -4,7 +4,7 @@
 
 TRAINER: ours (hybridrl), verl (verl 0.9.1, FSDP backend), verl_megatron (verl 0.9.1, Megatron backend through
 mbridge and transformer-engine). JOB: smol, 1p5b, 7b (one GPU), 7b_4gpu (tp2 x dp2 training, vLLM tp2 x dp2).
-Prints one Hydra override per line (run.sh reads them with mapfile). hybridrl took verl's key names, so SHARED + the
+Prints one Hydra override per line (rows.py calls overrides() itself). hybridrl took verl's key names, so SHARED + the
 job's dict are passed verbatim to every trainer; side() holds only what differs by trainer (each backend's best
 documented settings, the layout in its own keys, paths), each with its reason.
 
@@ -109,7 +109,7 @@ JOBS: dict[str, dict] = {
         "trainer.total_training_steps": 5,
     },
 }
-# the GPUs each job runs on (run.sh and report.py read it)
+# the GPUs each job runs on (rows.py and report.py read it)
 GPUS = {"smol": 1, "1p5b": 1, "7b": 1, "7b_4gpu": 4}
 
 SHARED: dict[str, object] = {
@@ -256,7 +256,7 @@ def side(trainer: str, job: str, model: str, out: str, padded: bool = False, gpu
     common = [
         f"{ARA}.model.path={model}",
         f"trainer.validation_data_dir={out}/val_gens",
-        # verl's file logger (VERL_FILE_LOGGER_PATH, set by run.sh) writes {"step", "data"} per step.
+        # verl's file logger (VERL_FILE_LOGGER_PATH, set by rows.py) writes {"step", "data"} per step.
         "trainer.logger=[console,file]",
         "trainer.project_name=peer_verl",
         f"trainer.experiment_name={name}",

@@ -1,4 +1,4 @@
-"""The memory knobs the one-GPU scale runs use (benchmarks/gpu_run.sh scale), on CPU in one torchrun process:
+"""The memory knobs the one-GPU scale runs use (benchmarks/runs.py's scale_SHAPE rows), on CPU in one torchrun process:
 full activation recompute and grad_reduce_in_fp32=false give the plain actor's two PPO updates and log-probs
 (knobs_run.py). Both used to fail before the first update: recompute asked torch.cuda for an RNG state, and the
 DDP override collided with the adapter's own grad_reduce_in_fp32 keyword."""

@@ -146,7 +146,7 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
 @pytest.mark.parametrize("mode,expect,absent", [
-    ("verl_megatron_7b_4gpu", ["CUDA_VISIBLE_DEVICES=0\\,1\\,2\\,3", "CUDA_DEVICE_MAX_CONNECTIONS=1", "model_engine=megatron",
+    ("verl_megatron_7b_4gpu", ["CUDA_VISIBLE_DEVICES=0,1,2,3", "CUDA_DEVICE_MAX_CONNECTIONS=1", "model_engine=megatron",
                                "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2"], ["--padded"]),
     ("ours_7b", ["CUDA_VISIBLE_DEVICES=0", "hybridrl.trainer.main_ppo", "actor_rollout_ref.actor.load_weight=false",
                  "actor_rollout_ref.model.use_remove_padding=true"], ["model_engine"]),

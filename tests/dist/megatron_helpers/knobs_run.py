@@ -1,4 +1,4 @@
-"""One torchrun launch: the memory knobs of the scale runs (benchmarks/gpu_run.sh scale) against the plain actor.
+"""One torchrun launch: the memory knobs of the scale runs (benchmarks/runs.py's scale_SHAPE rows) against the plain actor.
 
 Two PPO updates of the tiny Qwen2 actor (run_layout.py's batch, configs and plan; packed micro-batches cut by
 tokens, as the scale runs do) with
