@@ -1,6 +1,7 @@
 """The package's layers import downwards only: a module may import its own package and the packages of lower layers.
 A new upward import fails here, and so does a listed exception once it is gone (the list only shrinks; issue 36).
-Imports inside functions count: they are still a dependency, only a deferred one."""
+Imports inside functions count: they are still a dependency, only a deferred one. benchmarks/ (scripts importing each
+other by file name) has no import circle, and the package never imports it."""
 from __future__ import annotations
 
 import ast
@@ -79,3 +80,86 @@ def test_the_check_sees_an_upward_import(tmp_path, monkeypatch):
     (tmp_path / "hybridrl" / "utils" / "x.py").write_text("def f():\n    from hybridrl.trainer import main_ppo\n")
     monkeypatch.setattr(__import__(__name__), "ROOT", str(tmp_path))
     assert upward_imports() == {("hybridrl/utils/x.py", "hybridrl.trainer")}
+
+
+# ------------------------------------------------------------------------------------------------ benchmarks/
+# benchmarks/ holds scripts that import each other by file name (their folder is on sys.path): `import scale_report`,
+# `from peer_verl import settings`, and inside peer_verl/ `import settings`. They must not import in a circle, and the
+# package never imports them (DESIGN.md: peer runs and benchmarks are never imported by the package).
+def benchmark_modules(root: str) -> dict[str, str]:
+    """{module key ("four_gpu", "peer_verl/rows"): file path} of every .py under root/benchmarks."""
+    base = os.path.join(root, "benchmarks")
+    found = {}
+    for folder, dirs, files in os.walk(base):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                found[os.path.relpath(path, base)[:-3].replace(os.sep, "/")] = path
+    return found
+
+
+def _benchmark_targets(key: str, path: str, modules: dict[str, str]) -> set[str]:
+    """The benchmark modules `path` imports: a name resolves in the importer's own folder first, then in benchmarks/."""
+    own = key.rsplit("/", 1)[0] + "/" if "/" in key else ""
+    tree = ast.parse(open(path, encoding="utf-8").read(), path)
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        else:
+            continue
+        for name in names:
+            rel = name.replace(".", "/")
+            for candidate in (own + rel, rel):
+                if candidate in modules and candidate != key:
+                    out.add(candidate)
+                    break
+    return out
+
+
+def benchmark_cycles(root: str) -> list[list[str]]:
+    modules = benchmark_modules(root)
+    graph = {k: _benchmark_targets(k, p, modules) for k, p in modules.items()}
+    cycles, state = [], {}  # state: 1 on the current path, 2 done
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append(path[path.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, path + [nxt])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    return cycles
+
+
+def test_benchmarks_import_no_circle():
+    assert benchmark_cycles(ROOT) == [], "benchmarks/ modules import each other in a circle"
+
+
+def test_the_package_never_imports_a_benchmark():
+    tops = {k for k in benchmark_modules(ROOT) if "/" not in k} | {"benchmarks", "peer_verl"}
+    found = set()
+    for top in ("hybridrl", "adapters"):
+        for folder, _, files in os.walk(os.path.join(ROOT, top)):
+            for name in files:
+                if name.endswith(".py"):
+                    path = os.path.relpath(os.path.join(folder, name), ROOT)
+                    found |= {(path, m) for m in _imports(path) if m.split(".")[0] in tops}
+    assert not found, f"the package imports benchmark scripts: {sorted(found)}"
+
+
+def test_the_check_sees_a_benchmark_circle(tmp_path):
+    (tmp_path / "benchmarks" / "peer_verl").mkdir(parents=True)
+    (tmp_path / "benchmarks" / "a.py").write_text("import b\n")
+    (tmp_path / "benchmarks" / "b.py").write_text("def f():\n    from peer_verl import c\n")
+    (tmp_path / "benchmarks" / "peer_verl" / "c.py").write_text("import d\nimport a\n")
+    (tmp_path / "benchmarks" / "peer_verl" / "d.py").write_text("x = 1\n")
+    assert benchmark_cycles(str(tmp_path)) == [["a", "b", "peer_verl/c", "a"]]
