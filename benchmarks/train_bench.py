@@ -5,6 +5,7 @@ offload/onload seconds and bytes, on a Qwen2.5-shaped random model (0.5B by defa
     ... --shape 7b --transformer-impl transformer_engine --packed --lengths gsm8k --recompute --skip-offload
     ... --peer OTHER.json   # ratios against a run of this script in the same lease (te_vs_local_tokens_per_s,
                             # packed_vs_padded_tokens_per_s where exactly that option differs)
+    ... --shape 7b --offload-optimizer [--onload-overlap plan|off]   # issue 39's train_mfu_7b_whole_update
     python benchmarks/train_bench.py --cpu-dry-run   # the same code path on a tiny model on the CPU (no timings)
 
 MFU = model FLOPs / (seconds * peak), peak = 989 TFLOP/s (H100 SXM dense bf16), with
@@ -13,6 +14,14 @@ N counts the weights used in matmuls (transformer layers + the vocab projection;
 lookup), tokens the valid (unpadded) tokens of the update, s_i the valid length of sample i, L layers,
 d_attn = heads * head_dim; the second term is causal attention (QK^T and AV, forward + backward = 3x the
 forward's 2 * s^2 * d_attn per layer). Padding the micro-batches costs real time but counts as no work.
+
+With --offload-optimizer each update runs as in the hybrid engine: the optimizer state waits on the host, the update
+sends for as much of it as the plan's onload reserve leaves room for at its start (--onload-overlap plan; off: all of
+it after the backward, the path before issue 39), the rest before the step; after the update the state starts back
+to the host (begin_offload) and the next update's offload waits for the rest (nothing runs between them here, so
+that wait is the whole copy: the exposed offload of a real step is what the trainer does meanwhile).
+train_mfu (train_mfu_7b_whole_update on the 7B shape) is over the whole update: forward/backward, the onload's
+exposed part, the optimizer step.
 """
 from __future__ import annotations
 
@@ -81,6 +90,12 @@ def parse() -> argparse.Namespace:
     p.add_argument("--offload-optimizer", action="store_true",
                    help="the optimizer state waits in host memory before each update and comes back for its step, "
                         "as in the hybrid engine (how the 7B shape fits one H200)")
+    p.add_argument("--onload-overlap", default="plan", choices=["plan", "off"],
+                   help="with --offload-optimizer: plan: the state comes back beside the forward/backward as far as the "
+                        "plan's activations and margin leave room (hybridrl.plan.memory.onload_reserve); off: after it")
+    p.add_argument("--onload-reserve-gb", type=float, default=None,
+                   help="with --onload-overlap plan: keep this many GiB free for the forward/backward instead of the "
+                        "plan's figure (to find how far the plan's margin could go)")
     p.add_argument("--override-optimizer-config", default="{}",
                    help="JSON merged into actor.optim.override_optimizer_config (e.g. megatron's optimizer CPU offload)")
     p.add_argument("--cpu-dry-run", action="store_true",
@@ -197,6 +212,24 @@ def build_actor(hf_dir: str, args: argparse.Namespace):
     return MegatronActor(model, cfg, layout, plan)
 
 
+def bench_onload_reserve(actor, args: argparse.Namespace) -> tuple[int, int]:
+    """(bytes the update keeps free for its forward/backward, the plan's training activations): what the trainer's
+    worker gives MegatronRole.prepare_offload, from the same formulas (hybridrl/plan/memory.py) for this bench's
+    micro-batches (a token budget, or --micro padded samples of prompt + response tokens)."""
+    from hybridrl.plan.memory import ActivationSetup, onload_reserve, stage_activation_parts
+    from hybridrl.plan.model_shape import from_hf_config
+
+    shape = from_hf_config(actor.hf_config.to_dict())
+    tokens = args.dynamic_tokens or args.micro * (args.prompt + args.response)
+    setup = ActivationSetup(tp=1, pp=1, vpp=None, sequence_parallel=False, recompute=args.recompute,
+                            act_bytes=4 if args.cpu_dry_run else 2, train_tokens=tokens, forward_tokens=tokens,
+                            inflight=1)
+    activations = stage_activation_parts(shape, setup, 0)[0]
+    if args.onload_reserve_gb is not None:
+        return int(args.onload_reserve_gb * 2**30), activations
+    return onload_reserve(activations), activations
+
+
 def synchronize() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
@@ -233,6 +266,10 @@ def main() -> None:
     workdir = tempfile.mkdtemp(prefix="train_bench_")
     hf_dir = args.model_dir or make_model(workdir, args.shape)
     (actor, build_s) = timed(lambda: build_actor(hf_dir, args))
+    reserve, plan_activations = bench_onload_reserve(actor, args)
+    if args.offload_optimizer:  # as the hybrid worker: host memory pinned in the background, the overlap's budget
+        actor.prepare_offload(params=False, grads=False, optimizer=True,
+                              onload_reserve=reserve if args.onload_overlap == "plan" else None)
     if args.lengths == "gsm8k":
         lo = (8, 8) if args.cpu_dry_run else (GSM8K["prompt"][0], GSM8K["response"][0])
         batch = spread_rollout_batch(args.samples, (lo[0], args.prompt), (lo[1], args.response), actor.arch.vocab_size)
@@ -243,15 +280,23 @@ def main() -> None:
     out, logprob_s = timed(lambda: actor.compute_log_prob(data))
     data.batch["old_log_probs"] = out.batch["log_probs"]
     data.batch["advantages"] = torch.randn(batch["responses"].shape) * batch["response_mask"]
-    parts: dict[str, list[float]] = {"forward_backward": [], "optimizer_step": [], "optimizer_onload": []}
+    parts: dict[str, list[float]] = {k: [] for k in (
+        "forward_backward", "optimizer_step", "optimizer_onload", "optimizer_onload_exposed", "optimizer_onload_overlap",
+        "optimizer_offload", "optimizer_offload_exposed")}
 
     def update() -> tuple[dict, float]:
-        if args.offload_optimizer:
-            actor.offload(params=False, grads=False, optimizer=True)
+        if args.offload_optimizer:  # the push's offload: finishes the one begun after the previous (warm-up) update
+            off = actor.offload(params=False, grads=False, optimizer=True)
+            parts["optimizer_offload"].append(off.optimizer_seconds)
+            parts["optimizer_offload_exposed"].append(off.optimizer_exposed_seconds)
         metrics, s = timed(lambda: actor.update_policy(data))
+        if args.offload_optimizer:  # WeightSync.after_update
+            actor.begin_offload(params=False, optimizer=True)
         for part, key in (("forward_backward", "timing_s/actor_forward_backward"),
                           ("optimizer_step", "timing_s/actor_optimizer_step"),
-                          ("optimizer_onload", "timing_s/optimizer_onload")):
+                          ("optimizer_onload", "timing_s/optimizer_onload"),
+                          ("optimizer_onload_exposed", "timing_s/optimizer_onload_exposed"),
+                          ("optimizer_onload_overlap", "offload/optimizer_onload_overlap")):
             parts[part].append(metrics.get(key, 0.0))
         return metrics, s
 
@@ -273,7 +318,7 @@ def main() -> None:
     lengths = batch["attention_mask"].sum(1)
     flops, n_matmul = model_flops(actor.arch, lengths)
     update_s = sum(seconds) / len(seconds)
-    mean = {k: sum(v) / len(v) for k, v in parts.items()}
+    mean = {k: sum(v) / len(v) if v else 0.0 for k, v in parts.items()}
     tokens = int(lengths.sum())
     impl = "transformer_engine" if _uses_te(actor) else "local"
     result = {
@@ -286,6 +331,12 @@ def main() -> None:
             "forward_backward_seconds": mean["forward_backward"],
             "optimizer_step_seconds": mean["optimizer_step"],
             "optimizer_onload_seconds": mean["optimizer_onload"],
+            "optimizer_onload_exposed_seconds": mean["optimizer_onload_exposed"],
+            "optimizer_onload_overlap": mean["optimizer_onload_overlap"],
+            "optimizer_offload_seconds": mean["optimizer_offload"],
+            "optimizer_offload_exposed_seconds": mean["optimizer_offload_exposed"],
+            "onload_reserve_gib": reserve / 2**30,
+            "plan_train_activations_gib": plan_activations / 2**30,
             "update_tokens_per_s": tokens / update_s,
             "update_seconds": update_s,
             "logprob_tokens_per_s": tokens / logprob_s,
@@ -299,16 +350,21 @@ def main() -> None:
                   "shape": args.shape, "lengths": args.lengths, "packed": args.packed, "transformer_impl": impl,
                   "dynamic_tokens": args.dynamic_tokens, "recompute": args.recompute, "fp8": args.fp8,
                   "offload_optimizer": args.offload_optimizer,
+                  "onload_overlap": args.onload_overlap if args.offload_optimizer else None,
+                  "onload_reserve_gb": args.onload_reserve_gb,
                   "fp8_recipe": args.fp8_recipe, "override_transformer_config": json.loads(args.override_transformer_config),
                   "model": f"Qwen2.5-{args.shape} shape, random bf16" if not args.model_dir else args.model_dir,
                   "layout": f"tp=1 pp=1 dp=1, distributed optimizer, {impl} layer spec",
                   "attention_backend": args.attention_backend,
                   "mfu_formula": "(6*N*tokens + 6*L*d_attn*sum(s_i^2)) / (update_seconds * 989e12); "
                                  "train_mfu_forward_backward (and train_mfu_7b, issue 19's measure) over the forward and "
-                                 "backward passes only: no optimizer step, no optimizer-state onload"},
+                                 "backward passes only: no optimizer step, no optimizer-state onload; train_mfu (and "
+                                 "train_mfu_7b_whole_update, issue 39's) over the whole update"},
     }
     if args.shape == "7b":
         result["metrics"]["train_mfu_7b"] = result["metrics"]["train_mfu_forward_backward"]
+        if args.offload_optimizer:  # issue 39: the optimizer state's onload and the step included
+            result["metrics"]["train_mfu_7b_whole_update"] = result["metrics"]["train_mfu"]
     if off is not None:
         result["metrics"].update(offload_seconds=off.seconds, offload_bytes=off.total_bytes,
                                  offload_params_bytes=off.params_bytes, offload_grads_bytes=off.grads_bytes,
@@ -350,7 +406,7 @@ RATIOS = {"te_vs_local_tokens_per_s": ("transformer_impl", "transformer_engine",
 
 def named_ratios(mine: dict, peer: dict, ratio: float) -> dict[str, float]:
     compared = ("transformer_impl", "packed", "shape", "lengths", "samples", "dynamic_tokens", "recompute", "fp8",
-                "offload_optimizer")
+                "offload_optimizer", "onload_overlap")
     differ = {k for k in compared if mine.get(k) != peer.get(k)}
     return {name: ratio for name, (key, this, other) in RATIOS.items()
             if differ == {key} and mine.get(key) == this and peer.get(key) == other}
@@ -372,9 +428,17 @@ def write_summary(path: str, result: dict) -> None:
         f"- train_mfu: {m['train_mfu']:.3f} = {s['mfu_formula']} (N = {m['matmul_params']:,} matmul weights)",
         f"- of the update: forward+backward {m['forward_backward_seconds']:.2f} s (MFU "
         f"{m['train_mfu_forward_backward']:.3f}), optimizer step {m['optimizer_step_seconds']:.2f} s, optimizer-state "
-        f"onload {m['optimizer_onload_seconds']:.2f} s",
+        f"onload waited for {m.get('optimizer_onload_exposed_seconds', m['optimizer_onload_seconds']):.2f} s",
         f"- peak memory during updates: {m['peak_memory_gib']:.2f} GiB",
     ]
+    if s.get("offload_optimizer"):
+        lines.append(
+            f"- optimizer state (--onload-overlap {s['onload_overlap']}, {m['onload_reserve_gib']:.1f} GiB kept free for "
+            f"the forward/backward; the plan's activations {m['plan_train_activations_gib']:.1f} GiB): back from the host "
+            f"in {m['optimizer_onload_seconds']:.2f} s of copies, {m['optimizer_onload_overlap']:.0%} of the bytes sent "
+            f"for at the update's start, {m['optimizer_onload_exposed_seconds']:.2f} s waited for by the step; to the "
+            f"host in {m['optimizer_offload_seconds']:.2f} s ({m['optimizer_offload_exposed_seconds']:.2f} s waited for, "
+            "with nothing between the updates here)")
     if "offload_bytes" in m:
         lines.append(
             f"- offload: {m['offload_bytes'] / 2**30:.2f} GiB in {m['offload_seconds']:.3f} s "
