@@ -72,10 +72,15 @@ def run_rows(names: list[str], out: str, steps: int, model: Optional[str], cpu: 
         os.makedirs(out, exist_ok=True)
         with open(os.path.join(out, f"{name}.log"), "w") as log:
             code = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                  env=dict(os.environ, PYTHONPATH=ROOT)).returncode
+                                  env=dict(os.environ, PYTHONPATH=_python_path())).returncode
         with open(os.path.join(out, f"{name}.json"), "w") as f:
             json.dump({"command": " ".join(cmd), "returncode": code}, f)
         print(f"async_rl: {name} exit {code}: {summary(folder) if code == 0 else 'see ' + name + '.log'}", flush=True)
+
+
+def _python_path() -> str:
+    """The repository first, then what the caller set (on the GPU host /tmp/site: vLLM, megatron-core, Ray)."""
+    return os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p)
 
 
 def metrics_rows(folder: str) -> list[dict[str, Any]]:
