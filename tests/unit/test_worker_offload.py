@@ -119,3 +119,47 @@ def test_reference_pass_reports_its_peak_with_the_weights_onloaded(monkeypatch):
     assert out.meta_info["metrics"] == {"memory/ref_peak_bytes": 123.0}
     assert worker.ref.log[0] == "peak window opens" and worker.ref.log[-1] == "peak window closes"
     assert [e[0] for e in worker.ref.log[1:-1]] == ["onload", "log_prob", "offload"]
+
+
+def test_the_actor_keeps_the_plans_activations_free_for_an_overlapped_onload():
+    """With optimizer_offload on a GPU the hybrid worker hands the actor the plan's onload reserve (its update's
+    activations and margin, hybridrl.plan); on CPU, or without optimizer_offload, none (the state comes back after
+    the backward)."""
+    import types
+
+    from transformers import Qwen2Config
+
+    from hybridrl.plan.estimate import actor_onload_reserve
+    from hybridrl.plan.model_shape import from_hf_config
+
+    hf = Qwen2Config(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2)
+    on_gpu = ["actor_rollout_ref.actor.use_dynamic_bsz=true"]
+    cfg = load_config([*on_gpu, "actor_rollout_ref.actor.megatron.optimizer_offload=true"], config_name="grpo_trainer")
+    gpu = validate(cfg, cuda_available=lambda: True)
+    assert gpu.derived.device == "cuda"
+    worker = ActorRolloutRefWorker.__new__(ActorRolloutRefWorker)
+    worker.run, worker.actor = gpu, types.SimpleNamespace(hf_config=hf)
+    reserve = worker._onload_reserve()
+    assert reserve == actor_onload_reserve(gpu, from_hf_config(hf.to_dict())) and reserve > 2 * 2**30
+    worker.run = run_with("actor_rollout_ref.actor.megatron.optimizer_offload=false")
+    assert worker._onload_reserve() is None
+    kept = load_config([*on_gpu, "actor_rollout_ref.actor.megatron.optimizer_offload=false"], config_name="grpo_trainer")
+    worker.run = validate(kept, cuda_available=lambda: True)
+    assert worker._onload_reserve() is None
+
+
+def test_the_update_hands_the_optimizer_state_to_the_weight_sync_after_its_step():
+    """update_actor -> WeightSync.after_update: with optimizer_offload the state starts for the host beside what
+    follows the update (hybridrl/hybrid/weight_sync.py); a split placement has no sync and nothing begins."""
+    import types
+
+    log = []
+    worker = ActorRolloutRefWorker.__new__(ActorRolloutRefWorker)
+    worker.actor = types.SimpleNamespace(update_policy=lambda data: log.append("update") or {"actor/pg_loss": 0.0})
+    worker.sync = types.SimpleNamespace(after_update=lambda: log.append("after_update"))
+    out = worker.update_actor(None)
+    assert log == ["update", "after_update"] and "timing_s/update_actor_worker" in out.meta_info["metrics"]
+    worker.sync, log[:] = None, []
+    worker.update_actor(None)
+    assert log == ["update"]
