@@ -62,9 +62,11 @@ class MegatronConfig:
     param_offload: bool = doc("Offload parameters to pinned CPU memory while the role is idle (GPU only).", False)
     grad_offload: bool = doc("Offload gradients while idle (GPU only).", False)
     optimizer_offload: bool = doc("Offload optimizer state while idle (GPU only), as in verl. The colocated actor's "
-                                  "then waits on the host during generation and comes back only for its optimizer "
-                                  "step; false keeps it on the GPU beside the rollout engine (faster where both "
-                                  "fit: `hybridrl plan` shows the rollout phase).", False)
+                                  "then waits on the host during generation and comes back for its optimizer step, "
+                                  "as much of it beside the forward/backward as the memory the plan leaves allows "
+                                  "(`hybridrl plan`: phase train_actor_onload); false keeps it on the GPU beside the "
+                                  "rollout engine (faster where both fit: `hybridrl plan` shows the rollout phase).",
+                                  False)
     tensor_model_parallel_size: int = 1
     expert_model_parallel_size: int = doc("Expert parallelism (MoE models): the experts are split over this many ranks "
                                           "of each pipeline stage's tp*dp ranks; must divide the number of experts.", 1)
