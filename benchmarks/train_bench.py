@@ -282,14 +282,22 @@ def main() -> None:
     data.batch["advantages"] = torch.randn(batch["responses"].shape) * batch["response_mask"]
     parts: dict[str, list[float]] = {k: [] for k in (
         "forward_backward", "optimizer_step", "optimizer_onload", "optimizer_onload_exposed", "optimizer_onload_overlap",
-        "optimizer_offload", "optimizer_offload_exposed")}
+        "optimizer_offload", "optimizer_offload_exposed", "activations_measured")}
+    state_bytes = [0]
 
     def update() -> tuple[dict, float]:
         if args.offload_optimizer:  # the push's offload: finishes the one begun after the previous (warm-up) update
             off = actor.offload(params=False, grads=False, optimizer=True)
             parts["optimizer_offload"].append(off.optimizer_seconds)
             parts["optimizer_offload_exposed"].append(off.optimizer_exposed_seconds)
+            state_bytes[0] = off.optimizer_bytes
+        base = 0
+        if torch.cuda.is_available():  # the forward/backward's own rise: peak after the backward, less what was
+            torch.cuda.reset_peak_memory_stats()  # resident and the optimizer state sent for at the start
+            base = torch.cuda.memory_allocated()
         metrics, s = timed(lambda: actor.update_policy(data))
+        early = metrics.get("offload/optimizer_onload_overlap", 0.0) * state_bytes[0]
+        parts["activations_measured"].append(max(0.0, actor.engine.backward_peak_bytes - base - early))
         if args.offload_optimizer:  # WeightSync.after_update
             actor.begin_offload(params=False, optimizer=True)
         for part, key in (("forward_backward", "timing_s/actor_forward_backward"),
@@ -303,13 +311,12 @@ def main() -> None:
     update()  # warm-up (allocator, first-call kernels, Adam's state, the host arena when offloading)
     for timed_parts in parts.values():
         timed_parts.clear()
-    if torch.cuda.is_available():
-        torch.cuda.reset_peak_memory_stats()
-    seconds = []
+    seconds, peaks = [], []
     for _ in range(args.updates):
         metrics, s = update()
         seconds.append(s)
-    peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0
+        peaks.append(torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0)
+    peak = max(peaks)
     off = on = None
     if not args.skip_offload:
         off = actor.offload(params=True, grads=True, optimizer=True)
@@ -337,6 +344,7 @@ def main() -> None:
             "optimizer_offload_exposed_seconds": mean["optimizer_offload_exposed"],
             "onload_reserve_gib": reserve / 2**30,
             "plan_train_activations_gib": plan_activations / 2**30,
+            "measured_train_activations_gib": max(parts["activations_measured"]) / 2**30,
             "update_tokens_per_s": tokens / update_s,
             "update_seconds": update_s,
             "logprob_tokens_per_s": tokens / logprob_s,
@@ -434,7 +442,8 @@ def write_summary(path: str, result: dict) -> None:
     if s.get("offload_optimizer"):
         lines.append(
             f"- optimizer state (--onload-overlap {s['onload_overlap']}, {m['onload_reserve_gib']:.1f} GiB kept free for "
-            f"the forward/backward; the plan's activations {m['plan_train_activations_gib']:.1f} GiB): back from the host "
+            f"the forward/backward; its activations: {m['plan_train_activations_gib']:.1f} GiB planned, "
+            f"{m['measured_train_activations_gib']:.1f} GiB measured): back from the host "
             f"in {m['optimizer_onload_seconds']:.2f} s of copies, {m['optimizer_onload_overlap']:.0%} of the bytes sent "
             f"for at the update's start, {m['optimizer_onload_exposed_seconds']:.2f} s waited for by the step; to the "
             f"host in {m['optimizer_offload_seconds']:.2f} s ({m['optimizer_offload_exposed_seconds']:.2f} s waited for, "

@@ -43,6 +43,9 @@ class Engine:
         self.optimizer_steps = 0  # applied updates (restored from checkpoints: see checkpoint.py)
         self.router_losses: dict[str, float] = {}  # MoE: the last train_step's router losses (moe.py)
         self.step_seconds: dict[str, float] = {}  # the last train_step's: forward_backward, optimizer_step
+        # torch's peak allocated bytes read right after the last train_step's backward (GPU only; since the caller's
+        # last reset_peak_memory_stats: train_bench resets it per update to measure the forward/backward's own peak)
+        self.backward_peak_bytes = 0
         if optim is None:
             for c in chunks:
                 c.requires_grad_(False)
@@ -121,6 +124,8 @@ class Engine:
             metrics = self.run(micro_batches, loss_fn, forward_only=False, prepare=prepare)
         compat.synchronize_stream()
         forward_backward = time.perf_counter() - start
+        if compat.cuda_in_use():
+            self.backward_peak_bytes = torch.cuda.max_memory_allocated()
         if before_step is not None:  # timed by its owner (the role's optimizer onload)
             before_step()
         step_start = time.perf_counter()
