@@ -258,7 +258,24 @@ def _proto_rows(args: tuple, kwargs: dict) -> int:
 def _mesh_compute_proto_collect(info: GroupInfo, outputs: dict[int, Any], plan: DispatchPlan) -> Any:
     assert info.mesh is not None and plan.collect_ranks is not None
     parts = [outputs[r] for r in plan.collect_ranks]  # collect_ranks are in dp order
-    return concat_rows(parts, plan.state)
+    joined = concat_rows(parts, plan.state)
+    if isinstance(joined, DataProto) and len(parts) > 1:
+        slowest = slowest_timings([p.meta_info.get("metrics") for p in parts if isinstance(p, DataProto)])
+        if slowest:
+            joined.meta_info["metrics"] = {**joined.meta_info.get("metrics", {}), **slowest}
+    return joined
+
+
+def slowest_timings(per_part: list[Any]) -> dict[str, float]:
+    """`timing_s/X_slowest`: the slowest part's seconds of every timing the parts report. The joined output keeps
+    the first part's metrics only, and the driver waits for the slowest part: without this a straggling replica
+    or dp rank shows up nowhere but in the phase's total."""
+    timings: dict[str, list[float]] = {}
+    for metrics in per_part:
+        for key, value in (metrics or {}).items():
+            if key.startswith("timing_s/") and not key.endswith("_slowest") and isinstance(value, (int, float)):
+                timings.setdefault(key, []).append(float(value))
+    return {f"{key}_slowest": max(values) for key, values in timings.items() if len(values) > 1}
 
 
 register_dispatch_mode("ONE_TO_ALL", _one_to_all, _as_list)

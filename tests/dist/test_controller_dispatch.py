@@ -131,6 +131,24 @@ def test_mesh_mode_feeds_dp_groups_and_collects_in_dp_order():
     assert_same(out, cw.row_fn(data))
 
 
+def test_mesh_mode_reports_the_slowest_part_of_every_timing():
+    # the joined output carries the first collected part's metrics; the driver waited for the slowest part
+    mesh = (DispatchInfo(1, 2, True), DispatchInfo(1, 2, False), DispatchInfo(0, 2, False), DispatchInfo(0, 2, True))
+    seconds = {0: 2.5, 3: 1.0}
+
+    def fn(rank, d):
+        out = cw.row_fn(d)
+        out.meta_info["metrics"] = {"timing_s/generate": seconds.get(rank, 9.0), "rollout/tokens": float(rank)}
+        return out
+
+    out, plan = run_mode("MESH_COMPUTE_PROTO", GroupInfo(4, mesh=mesh), fn, cw.make_rows(6))
+    assert plan.collect_ranks == (3, 0)
+    assert out.meta_info["metrics"] == {"timing_s/generate": 1.0, "rollout/tokens": 3.0, "timing_s/generate_slowest": 2.5}
+    one_replica = (DispatchInfo(0, 1, True), DispatchInfo(0, 1, False))  # one part: nothing slower to report
+    alone, _ = run_mode("MESH_COMPUTE_PROTO", GroupInfo(2, mesh=one_replica), fn, cw.make_rows(3))
+    assert alone.meta_info["metrics"] == {"timing_s/generate": 2.5, "rollout/tokens": 0.0}
+
+
 @pytest.mark.parametrize("mesh,match", [
     ((DispatchInfo(0, 2, True), None, DispatchInfo(1, 2, True), DispatchInfo(1, 2, False)), "did not declare"),
     ((DispatchInfo(0, 2, True), DispatchInfo(0, 2, True), DispatchInfo(1, 2, True), DispatchInfo(1, 2, False)), "exactly one"),
