@@ -4,9 +4,9 @@ byte while the compute stream works and reuses the freed memory, and the device 
 A Qwen2.5-0.5B-shaped random model cut to 8 layers (bf16, distributed optimizer, fused AdamW). After one update (Adam's
 state exists), round trips as the hybrid engine makes them (begin_offload after the update, offload at push), with
 the onload sent for at the "update's start" (none, half, all of it), then compute-stream work that allocates and
-writes over the freed memory, then the wait before the step: the state must equal its snapshot bitwise. The math of
-an update after such a trip is checked bitwise on the CPU (tests/dist/test_megatron_overlap.py: two GPU runs of the
-same update need not agree bitwise, whatever the copies do); here an overlapped update runs and reports.
+writes over the freed memory, then the wait before the step: the state must equal its snapshot bitwise. The math
+of an update after such a trip is checked bitwise on the CPU (tests/dist/test_megatron_overlap_update.py: two GPU
+runs of the same update need not agree bitwise, whatever the copies do); here an overlapped update runs and reports.
 `python -m pytest tests/gpu/test_megatron_overlap_gpu.py -s`.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The optimizer state's trips split in halves (adapters/megatron/overlap.py), on host storages standing in for the
 device and a copier that holds copies back until a wait and poisons their destinations (tests/fixtures/held_copier.py):
 what is read before its wait reads NaN. Also the host arena's reuse, its background reservation and its size
-prediction. tests/dist/test_megatron_overlap.py runs the same path through a real megatron update."""
+prediction. tests/dist/test_megatron_overlap_update.py runs the same path through a real megatron update."""
 from __future__ import annotations
 
 import logging
