@@ -176,7 +176,14 @@ class MegatronRole:
             return
         overlap.cancel_offload(state, "optimizer")
         if self._onload_budget is not None and state.offloaded["optimizer"]:
-            overlap.begin_onload(state, "optimizer", self._onload_budget.allowed())
+            allowed = self._onload_budget.allowed()
+            sent = overlap.begin_onload(state, "optimizer", allowed)
+            if not getattr(self, "_onload_logged", False):  # once: how the budget played out on this device
+                self._onload_logged = True
+                total = sent + sum(n for _, n in state.offloaded["optimizer"].values())
+                log.info("%s: %.1f of %.1f GiB of optimizer state come back beside the forward/backward (%.1f GiB free "
+                         "beyond the %.1f GiB kept for it); the rest before the optimizer step", self.role, sent / 2**30,
+                         total / 2**30, allowed / 2**30, self._onload_budget.reserve / 2**30)
 
     def _onload_metrics(self) -> dict[str, float]:
         """timing_s/optimizer_onload: the copies' own time; _exposed: the part the optimizer step waited for;

@@ -130,7 +130,7 @@ def test_host_bytes_predicts_the_optimizer_state_after_its_first_step():
 
 
 def _role(state: offload.State, budget) -> types.SimpleNamespace:
-    return types.SimpleNamespace(_offloaded=state, _onload=overlap.Moved(), _onload_budget=budget)
+    return types.SimpleNamespace(role="actor", _offloaded=state, _onload=overlap.Moved(), _onload_budget=budget)
 
 
 @pytest.mark.parametrize("free, early", [(10_000, 4064), (100 + 64, 64), (100, 0)])
