@@ -87,7 +87,8 @@ def parsed(target: str, args: list[str], module: bool = False):
     with _parse_only():
         sys.argv = [target, *args]
         try:
-            if module:
+            if module:  # runpy warns when another test imported it already: running it anew is the point
+                warnings.simplefilter("ignore", RuntimeWarning)
                 runpy.run_module(target, run_name="__main__", alter_sys=True)
             else:
                 sys.path.insert(0, os.path.dirname(os.path.join(ROOT, target)))
