@@ -14,13 +14,15 @@ Plan (once per run, after the first sync went the bucketed way; collective over 
      pieces becomes local copy pairs (run by direct.DirectCopy), the rest are needs;
   3. every rank's needs go to every rank; each assigns every need to a holder (fewest bytes sent so far, then the
      lowest rank: data-parallel copies share the sending) and cuts the transfers into rounds in which no rank
-     stages more than `bucket_bytes` (its sends plus its receives). All ranks compute the same plan;
+     stages more than half of `bucket_bytes` (its sends plus its receives). All ranks compute the same plan;
   4. proof: one exchange whose received pieces must equal what the engine got from load_weights, bitwise, as
      the local pairs must; an engine group (e.g. vLLM's fused qkv) failing anywhere streams through the export
      everywhere (the export is collective: every rank must ask it for the same names).
 Each sync, per round: the owner packs its outgoing pieces into one staging buffer (one _foreach_copy_), the
 messages go out with batch_isend_irecv (NCCL p2p on GPU, gloo on CPU), and the received bytes land in the
-engine's views (one _foreach_copy_). One staging buffer of the largest round is alive during the sync, none after.
+engine's views (one _foreach_copy_). Rounds alternate between two staging buffers, so one round's copies overlap
+the other's messages; a round stages at most half of `bucket_bytes` (unless one piece alone is larger), so both
+buffers together stay within it, and none is alive after the sync.
 Check (sampled as checks.py picks): the senders' float64 sums of what they sent against the receivers' sums of
 what landed, exchanged the same way.
 """
@@ -93,9 +95,12 @@ class RemoteCopy:
         self.names = {pieces[t.piece].name for t in transfers if self.rank in (t.src, t.dst)}
         self.recv_bytes = sum(t.nbytes for t in transfers if t.dst == self.rank)
         self.sent_bytes = sum(t.nbytes for t in transfers if t.src == self.rank)
-        rounds = [self._local(r, views) for r in _rounds(transfers, bucket_bytes)]
+        # half the budget a round: run() keeps two rounds' staging alive at once
+        rounds = [self._local(r, views) for r in _rounds(transfers, max(1, bucket_bytes // 2))]
         self.rounds = [r for r in rounds if r.messages]
-        self.staging_bytes = max((r.size for r in self.rounds), default=0)
+        # run()'s two buffers, even and odd rounds: each as large as its largest round
+        self.buffer_bytes = [max((r.size for r in self.rounds[k::2]), default=0) for k in range(2)]
+        self.staging_bytes = sum(self.buffer_bytes)
 
     def _local(self, indices: list[int], views: dict[int, torch.Tensor]) -> _Round:
         """This rank's part of one round: per peer one message out and one in, pieces in transfer order."""
@@ -127,20 +132,37 @@ class RemoteCopy:
     @torch.no_grad()
     def run(self, compare: bool = False) -> set[int]:
         """Every round: pack, exchange, unpack. `compare` (the proof): leave the engine alone and return the
-        transfers whose received values differ from what the engine holds."""
+        transfers whose received values differ from what the engine holds.
+
+        Two staging buffers take turns, so the device copies of one round (packing the next, unpacking the last)
+        run while the other round's messages are on the wire; round k's buffer is reused by round k + 2 only
+        after round k has landed (its messages waited for, its pieces copied out on this stream)."""
         failed: set[int] = set()
-        buf = torch.empty(self.staging_bytes, dtype=torch.uint8, device=self.device)
-        for rnd in self.rounds:
+        bufs = [torch.empty(n, dtype=torch.uint8, device=self.device) for n in self.buffer_bytes if n]
+        in_flight: Optional[tuple[_Round, torch.Tensor, list]] = None
+        for k, rnd in enumerate(self.rounds):
+            buf = bufs[k % len(bufs)]
             if rnd.pack:
                 torch._foreach_copy_([_at(buf, o, s.dtype, s.shape) for o, s in rnd.pack], [s for _, s in rnd.pack])
-            _exchange(buf, rnd.messages)
-            staged = [(v, _at(buf, o, self.transfers[i].src_dtype, v.shape), i) for o, v, i in rnd.unpack]
-            if compare:
-                failed.update(i for v, got, i in staged if not torch.equal(v, got.to(v.dtype)))
-            elif staged:
-                torch._foreach_copy_([v for v, _, _ in staged], [got for _, got, _ in staged])
-        del buf  # before the KV cache wakes: the staging is the sync's only extra memory
+            works = _start(buf, rnd.messages)
+            if in_flight is not None:
+                failed |= self._land(*in_flight, compare)
+            in_flight = (rnd, buf, works)
+        if in_flight is not None:
+            failed |= self._land(*in_flight, compare)
+        del bufs, in_flight  # before the KV cache wakes: the staging is the sync's only extra memory
         return failed
+
+    def _land(self, rnd: _Round, buf: torch.Tensor, works: list, compare: bool) -> set[int]:
+        """Wait for one round's messages, then copy what it received into the engine (or compare, for the proof)."""
+        for work in works:
+            work.wait()
+        staged = [(v, _at(buf, o, self.transfers[i].src_dtype, v.shape), i) for o, v, i in rnd.unpack]
+        if compare:
+            return {i for v, got, i in staged if not torch.equal(v, got.to(v.dtype))}
+        if staged:
+            torch._foreach_copy_([v for v, _, _ in staged], [got for _, got, _ in staged])
+        return set()
 
     @torch.no_grad()
     def check(self, step: int, fraction: float) -> dict[str, float]:
@@ -325,9 +347,10 @@ def _at(buf: torch.Tensor, offset: int, dtype: torch.dtype, shape: torch.Size) -
     return buf.narrow(0, offset, numel * dtype.itemsize).view(dtype).view(shape)
 
 
-def _exchange(buf: torch.Tensor, messages: list[tuple[bool, int, int, int]]) -> None:
-    _batch([dist.P2POp(dist.isend if is_send else dist.irecv, buf.narrow(0, o, n), peer)
-            for is_send, peer, o, n in messages])
+def _start(buf: torch.Tensor, messages: list[tuple[bool, int, int, int]]) -> list:
+    """One round's messages posted (NCCL: queued behind this stream's packing); the works to wait for."""
+    ops = [dist.P2POp(dist.isend if is_send else dist.irecv, buf.narrow(0, o, n), peer) for is_send, peer, o, n in messages]
+    return list(dist.batch_isend_irecv(ops)) if ops else []
 
 
 def _batch(ops: list) -> None:

@@ -71,7 +71,11 @@ def test_after_an_update_the_engine_equals_the_export_bitwise_through_the_cross_
             # stage's layers; never the whole model, never nothing
             assert 0.3 * m["reshard/bytes"] < m["reshard/remote_bytes"] < 0.85 * m["reshard/bytes"], where(rank, r)
             assert r["first_metrics"]["reshard/remote_bytes"] == 0, where(rank, r)  # the proof sync streams
-            assert 0 < m["reshard/remote_staging_bytes"] <= BUCKET_BYTES and m["reshard/remote_rounds"] > 1, where(rank, r)
+            # two staging buffers take turns (a round's copies overlap the other's messages), each within the bucket
+            # (half of it a round, unless one piece alone is larger); three rounds or more, so a buffer is reused
+            # after its round landed
+            assert 0 < m["reshard/remote_staging_bytes"] <= 2 * BUCKET_BYTES, where(rank, r)
+            assert m["reshard/remote_rounds"] >= 3, where(rank, r)
             assert m["sync_check/remote_checked"] > 0 and m["sync_check/direct_checked"] > 0, where(rank, r)
             assert m["sync_check/tensors_checked"] == 0, where(rank, r)  # nothing went through the export's check
             assert r["remote_names"], where(rank, r)
