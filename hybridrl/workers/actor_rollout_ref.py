@@ -163,11 +163,15 @@ class ActorRolloutRefWorker(Worker):
         if self.sync is None:
             raise RuntimeError("actor_rollout_ref.generate_sequences: this actor has no rollout engine "
                                f"({ARA_HYBRID}=false); the rollout group generates")
+        start = time.perf_counter()
         sampling = sampling_for(self.run, prompts, self.plan.placement(self.rank).replica)
         self.sync_count += 1
         generate = self.agent.generate if self.agent is not None else None
         out, metrics = generate_sequences(self.sync, prompts, sampling, step=self.sync_count, generate=generate)
         out.meta_info.update(prompts.meta_info)
+        # the worker's whole share of the driver's gen (sync, generate, release); the driver's gen less its slowest
+        # rank's (timing_s/rollout_worker_slowest) is the controller's own time: dispatch, transfer, concatenation
+        metrics["timing_s/rollout_worker"] = time.perf_counter() - start
         out.meta_info["metrics"] = metrics
         return out
 

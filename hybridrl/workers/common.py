@@ -1,6 +1,7 @@
 """What every role worker does first: join torch.distributed and size this process for its slot."""
 from __future__ import annotations
 
+import logging
 import os
 from contextlib import contextmanager
 from typing import Any, Iterator
@@ -8,6 +9,8 @@ from typing import Any, Iterator
 import torch
 
 from hybridrl.config import RunConfig
+
+log = logging.getLogger(__name__)
 
 
 def setup_process(worker: Any, run: RunConfig) -> torch.device:
@@ -18,7 +21,14 @@ def setup_process(worker: Any, run: RunConfig) -> torch.device:
     """
     worker.init_distributed(timeout_s=run.cfg.trainer.dist_timeout_s)
     if run.derived.device == "cuda":
-        return torch.device("cuda", torch.cuda.current_device())
+        device = torch.device("cuda", torch.cuda.current_device())
+        if run.cfg.trainer.numa_affinity:
+            from hybridrl.utils.affinity import bind_to_device
+
+            cores = bind_to_device(device.index)
+            log.info("trainer.numa_affinity: %s", f"pinned to {len(cores)} cores near GPU {device.index}" if cores
+                     else f"nothing to pin: no NUMA cores listed for GPU {device.index}")
+        return device
     local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", run.cfg.trainer.n_gpus_per_node)))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
     return torch.device("cpu")

@@ -46,6 +46,8 @@ def test_two_steps_log_verl_metrics_and_end_with_the_demo_line(demo):
                 "timing_s/gen", "timing_s/update_actor", "perf/throughput", "actor/kl_loss", "actor/pg_clipfrac",
                 "rollout_corr/rollout_is_mean", "rollout_corr/k3_kl"):
         assert key in train[0], key
+    # the worker's share of gen (sync, generate, release) is inside the driver's gen, and holds generate itself
+    assert all(r["timing_s/generate"] <= r["timing_s/rollout_worker"] <= r["timing_s/gen"] for r in train)
     # dynamic sampling reports how many generation batches each step took; fp32 rollout == actor: IS weights 1
     assert all(r["train/num_gen_batches"] >= 1 and 0 < r["train/kept_groups_fraction"] <= 1 for r in train)
     assert abs(train[0]["rollout_corr/rollout_is_mean"] - 1) < 1e-5

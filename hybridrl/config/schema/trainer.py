@@ -43,6 +43,8 @@ class TrainerConfig:
     backend: str = doc("ray | local (torchrun, one process per rank, no Ray).", "ray")
     worker_timeout_s: float = doc("A worker call that takes longer fails naming the rank and role.", 1800.0)
     dist_timeout_s: float = doc("torch.distributed (NCCL/gloo) collective timeout.", 600.0)
+    numa_affinity: bool = doc("Pin each GPU worker to the CPU cores of its GPU's NUMA node (sysfs local_cpulist); "
+                              "no effect on CPU or where the kernel lists none.", False)
     on_nonfinite: str = doc("error | skip: what a NaN/Inf loss or grad norm does to the step.", "error")
     max_time_s: Optional[float] = doc("Stop after the step that passes this many seconds of training (then the "
                                       "final validation and checkpoint run); null: no limit.", None)
