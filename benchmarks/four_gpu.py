@@ -315,6 +315,7 @@ def summarize_run(folder: str, bandwidth: dict[int, dict[str, float]]) -> dict[s
     run = scale_report.load_run(folder)
     rows = steps_of(folder)
     extra_keys = {"gen_generate_s": "timing_s/generate", "gen_generate_slowest_s": "timing_s/generate_slowest",
+                  "rollout_worker_s": "timing_s/rollout_worker", "rollout_worker_slowest_s": "timing_s/rollout_worker_slowest",
                   "sync_s": "timing_s/reshard_stream",
                   "sync_check_s": "timing_s/sync_check", "forward_backward_s": "timing_s/actor_forward_backward",
                   "optimizer_step_s": "timing_s/actor_optimizer_step", "optimizer_onload_s": "timing_s/optimizer_onload",
