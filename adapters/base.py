@@ -118,6 +118,12 @@ class ActorModel(ModelRole):
 
         `names`: only these HF weights (every rank passes the same set); None: all of them."""
 
+    def export_adapter_weights(self, bucket_bytes: int) -> Iterator[WeightBucket]:
+        """LoRA (actor_rollout_ref.model.lora.merge=false): the adapters only, as (PEFT name, full HF-shaped tensor)
+        buckets on every rank (collective); export_weights then gives the frozen base, which the engine loads once."""
+        raise NotImplementedError(f"{type(self).__name__} has no LoRA adapters to export; set "
+                                  "actor_rollout_ref.model.lora.merge=true or lora_rank=0")
+
     def weight_regions(self) -> Optional[list[WeightRegion]]:
         """This rank's pieces of the HF weights as views of its live parameters (under pipeline or expert
         parallelism only what this rank holds), in a fixed order; None where they cannot serve as copy sources."""

@@ -52,6 +52,9 @@ class LoraSpec:
     alpha: float
     targets: tuple[str, ...]
     adapter_path: Optional[str] = None
+    # the rollout engine gets the adapters merged into the base (export_weights merges them); false: it holds the
+    # base once and takes export_adapter_weights() each step (hybridrl/rollout/lora.py)
+    merge: bool = False
 
     @property
     def scaling(self) -> float:
@@ -63,7 +66,8 @@ class LoraSpec:
         if not model.lora_rank:
             return None
         return cls(int(model.lora_rank), float(model.lora_alpha),
-                   lora_targets(model.target_modules, model.exclude_modules), model.lora_adapter_path)
+                   lora_targets(model.target_modules, model.exclude_modules), model.lora_adapter_path,
+                   merge=bool(model.lora.merge))
 
 
 class LoraAdapter(torch.nn.Module):

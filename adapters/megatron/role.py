@@ -95,11 +95,12 @@ class MegatronRole:
         return parallel.dispatch_info()
 
     def export_weights(self, bucket_bytes: int, names: Optional[Collection[str]] = None) -> Iterator[WeightBucket]:
-        """Full HF-named tensors in buckets (collective); parameters must be on the device (onload first)."""
-        # LoRA: the base weights with the adapters merged in, so the rollout engine computes what the actor does.
-        # TODO(issue 40, GPU): vLLM LoRA requests instead, the base loaded once and only export_adapter_weights()
-        # sent each step (the engine's LoRA request lives in hybridrl/rollout/vllm_engine.py); merged stays on request.
-        merged = lora_mod.merged_params(self.engine.chunks) if self.lora is not None else None
+        """Full HF-named tensors in buckets (collective); parameters must be on the device (onload first).
+
+        LoRA: with lora.merge the base weights with the adapters merged in, so the rollout engine computes what the
+        actor does; otherwise the frozen base alone, which the engine loads once and completes with the adapters of
+        export_adapter_weights() each step (hybridrl/hybrid/adapter_sync.py)."""
+        merged = lora_mod.merged_params(self.engine.chunks) if self.lora is not None and self.lora.merge else None
         return export_hf_weights(self.engine.chunks, self.arch, self.layout, bucket_bytes, value_head=self.value_head,
                                  names=names, params=merged)
 
@@ -111,7 +112,7 @@ class MegatronRole:
 
     def weight_regions(self) -> Optional[list[WeightRegion]]:
         # Views stay valid across offload/onload: that resizes the storages the views share.
-        if self.lora is not None:  # the live params hold the base, not the merged weights the engine needs
+        if self.lora is not None:  # merged: the live params are not what the engine needs; adapters: the base syncs once
             return None
         if self._regions is None:
             self._regions = local_regions(self.engine.chunks, self.arch, self.layout, value_head=self.value_head) or []

@@ -6,12 +6,17 @@ up_proj), as verl's megatron LoRA config spells them.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from .problems import Problems
 
+if TYPE_CHECKING:
+    from hybridrl.rollout.lora import RolloutLora
+
 MODEL = "actor_rollout_ref.model"
 LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# vLLM 0.26's LoRA ranks (vllm.config.lora.MaxLoRARanks): its max_lora_rank is the smallest one >= lora_rank
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 GROUPS = {"all-linear": LORA_MODULES, "linear_qkv": ("q_proj", "k_proj", "v_proj"), "linear_proj": ("o_proj",),
           "linear_fc1": ("gate_proj", "up_proj"), "linear_fc2": ("down_proj",)}
 
@@ -43,6 +48,17 @@ def lora_targets(target_modules: Any, exclude_modules: Any = None) -> tuple[str,
     return tuple(m for m in LORA_MODULES if m in wanted)
 
 
+def rollout_lora(model: Any) -> Optional["RolloutLora"]:
+    """The adapters the colocated rollout engine takes apart from the base (hybridrl/rollout/lora.py), from
+    actor_rollout_ref.model: None without LoRA (lora_rank 0) or when lora.merge syncs them merged into full weights."""
+    from hybridrl.rollout.lora import RolloutLora  # here: validating a config imports no torch
+
+    if not model.lora_rank or model.lora.merge:
+        return None
+    return RolloutLora(int(model.lora_rank), float(model.lora_alpha),
+                       lora_targets(model.target_modules, model.exclude_modules))
+
+
 def check_lora(cfg: Any, device: str, te_available: Callable[[], bool], p: Problems) -> None:
     """LoRA keys and the combinations that cannot run with adapters yet (each names the key to change)."""
     model = cfg.actor_rollout_ref.model
@@ -52,6 +68,8 @@ def check_lora(cfg: Any, device: str, te_available: Callable[[], bool], p: Probl
         if model.lora_adapter_path:
             p.errors.append(f"{MODEL}.lora_adapter_path is set but {MODEL}.lora_rank=0; set lora_rank to the "
                             "adapter's r")
+        p.check(not model.lora.merge, f"{MODEL}.lora.merge=true but {MODEL}.lora_rank=0: there are no adapters to "
+                                      "merge; set lora_rank > 0 or drop lora.merge")
         return
     p.check(model.lora_alpha > 0, f"{MODEL}.lora_alpha={model.lora_alpha} must be > 0")
     try:
@@ -64,3 +82,21 @@ def check_lora(cfg: Any, device: str, te_available: Callable[[], bool], p: Probl
     # adapter must see; lora.py wraps the local spec's layers only.
     p.check(not te, f"{MODEL}.lora_rank={model.lora_rank}: LoRA runs on the local layer spec only for now; set "
                     "actor_rollout_ref.actor.megatron.transformer_impl=local (and the same for ref.megatron)")
+    if not model.lora.merge:
+        _check_adapter_sync(cfg, device, p)
+
+
+def _check_adapter_sync(cfg: Any, device: str, p: Problems) -> None:
+    """The adapter-only sync (lora.merge=false): the colocated engine takes PEFT adapters (hybridrl/rollout/lora.py)."""
+    model, ara = cfg.actor_rollout_ref.model, cfg.actor_rollout_ref
+    p.check(ara.hybrid_engine, f"{MODEL}.lora_rank={model.lora_rank} with actor_rollout_ref.hybrid_engine=false: the "
+                               "rollout workers take broadcast full weights, not adapters; set "
+                               f"{MODEL}.lora.merge=true (the adapters merged into the base for the broadcast)")
+    engine = ara.rollout.name if ara.rollout.name != "auto" else ("vllm" if device == "cuda" else "torch")
+    if engine == "vllm":
+        p.check(model.lora_rank <= max(VLLM_LORA_RANKS),
+                f"{MODEL}.lora_rank={model.lora_rank}: vLLM's LoRA takes ranks up to {max(VLLM_LORA_RANKS)}; lower "
+                f"it or set {MODEL}.lora.merge=true (full weights synced, no vLLM adapter)")
+    elif engine != "torch":
+        p.errors.append(f"{MODEL}.lora_rank={model.lora_rank}: the rollout engine {engine!r} cannot take LoRA "
+                        f"adapters (vllm and torch can); set {MODEL}.lora.merge=true to sync merged full weights")

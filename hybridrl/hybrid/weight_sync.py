@@ -21,6 +21,9 @@ Ordering (every rank runs it; the export is collective, so all ranks take the sa
                                              one bucket alive at a time: the loop drops its reference
                                              before asking the export for the next one, so the peak is
                                              training shards + one bucket + the engine's own copy
+    3c. LoRA, lora.merge=false (SyncOptions.adapters): 3a/3b run at the first push only (the frozen base); every
+        push then streams the adapters alone: actor.export_adapter_weights -> engine.load_adapter,
+        engine.finish_adapter_sync(version) (adapter_sync.py), checked like the base in 5
     4. engine.finish_weight_sync()           the engine fails if a weight was not sent
        (first sync only: prove the direct and cross-GPU copies against what load_weights wrote; all ranks agree)
     5. checks: engine.weight_checksums(sampled names) vs the sender's sums -> WeightSyncError naming it;
@@ -30,7 +33,8 @@ Ordering (every rank runs it; the export is collective, so all ranks take the sa
     7. engine.wake_up(["kv_cache"])          KV cache last, into the memory the actor gave up
   (generate)
   release()
-    8. engine.sleep()                        when free_cache_engine: free weights + KV cache
+    8. engine.sleep()                        when free_cache_engine: free weights + KV cache (an engine with LoRA
+                                             adapters keeps its base: vLLM's goes to host memory, level 1)
     9. actor.onload(params of 6, grads)      training state back for log-probs and the update; an offloaded
                                              optimizer state stays on the host until the update's first
                                              optimizer step brings it back (MegatronRole._optimizer_on_device),
@@ -57,6 +61,7 @@ from hybridrl.protocol import DataProto
 from hybridrl.rollout.base import RolloutEngine, SamplingParams
 from hybridrl.utils.device import device_memory_used, synchronize, torch_memory_counts
 
+from .adapter_sync import check_adapters, stream_adapters
 from .checks import SentChecksums, WeightSyncError, compare_checksums
 from .direct import DirectCopy, prove
 from .plan import ReshardPlan
@@ -77,6 +82,8 @@ class SyncOptions:
     check: bool = True
     check_fraction: float = 1.0
     direct: bool = True  # copy shards straight into the engine where proven (hybridrl.hybrid.direct)
+    # LoRA with lora.merge=false: the base streams at the first push only, the adapters every push (adapter_sync.py)
+    adapters: bool = False
 
     def __post_init__(self) -> None:
         if self.bucket_bytes < 1:
@@ -87,8 +94,10 @@ class SyncOptions:
                              f"(actor_rollout_ref.rollout.sync_check.sample_fraction)")
 
     @classmethod
-    def from_config(cls, rollout_cfg: Any, megatron_cfg: Optional[Any] = None) -> "SyncOptions":
-        """From actor_rollout_ref.rollout and actor_rollout_ref.actor.megatron (for param_offload)."""
+    def from_config(cls, rollout_cfg: Any, megatron_cfg: Optional[Any] = None,
+                    model_cfg: Optional[Any] = None) -> "SyncOptions":
+        """From actor_rollout_ref.rollout, actor_rollout_ref.actor.megatron (for param_offload) and
+        actor_rollout_ref.model (LoRA: lora_rank > 0 and lora.merge false sync the adapters apart from the base)."""
         return cls(
             bucket_bytes=rollout_cfg.update_weights_bucket_megabytes * MB,
             param_offload=bool(getattr(megatron_cfg, "param_offload", False)),
@@ -97,6 +106,7 @@ class SyncOptions:
             check=rollout_cfg.sync_check.enable,
             check_fraction=rollout_cfg.sync_check.sample_fraction,
             direct=rollout_cfg.direct_weight_copy,
+            adapters=bool(model_cfg is not None and model_cfg.lora_rank > 0 and not model_cfg.lora.merge),
         )
 
 
@@ -112,6 +122,12 @@ class WeightSync:
         self._direct: Optional[DirectCopy] = None  # set after the first sync proved it
         self._remote: Optional[RemoteCopy] = None  # the pieces other ranks hold, proven with the direct copy
         self._all_names: Optional[frozenset[str]] = None  # every weight the first (full) sync streamed
+        self._adapter_version = 0  # LoRA adapter-only sync: pushes so far (adapter_sync.py)
+        self._adapter_sent: Optional[SentChecksums] = None
+        if options.adapters != (getattr(engine, "lora", None) is not None):
+            sends, built = ("LoRA adapters", "without") if options.adapters else ("full weights", "with")
+            raise ValueError(f"WeightSync: the sync sends {sends} but the rollout engine was built {built} adapters; "
+                             "build both from the same actor_rollout_ref.model.lora_rank / lora.merge")
 
     # ------------------------------------------------------------------ the phases
     def push(self, step: int) -> dict[str, float]:
@@ -127,12 +143,19 @@ class WeightSync:
         metrics["timing_s/engine_wake_weights"] = time.perf_counter() - start
         sent = SentChecksums(step, self.options.check_fraction, self.engine.weight_dtype, self.engine.checksum_terms)
         first = self._all_names is None
-        metrics.update(self._stream(sent))
-        self.engine.finish_weight_sync()
+        base = first or not self.options.adapters  # LoRA adapters: the engine keeps the base it got at the first sync
+        if base:
+            metrics.update(self._stream(sent))
+            self.engine.finish_weight_sync()
         if first:
             metrics.update(self._prove_direct())
+        if self.options.adapters:
+            metrics.update(self._stream_adapters(step, base_bytes=metrics.get("reshard/bytes", 0.0)))
         if self.options.check:
-            metrics.update(self._check(sent, step))
+            if base:
+                metrics.update(self._check(sent, step))
+            if self.options.adapters:
+                metrics.update(check_adapters(self.engine, self._adapter_sent))
         metrics["timing_s/reshard"] = time.perf_counter() - start
         self._describe_once(int(metrics["reshard/bytes"]))
         if self.options.param_offload:
@@ -252,6 +275,18 @@ class WeightSync:
                 "reshard/remote_staging_bytes": float(remote.staging_bytes if remote is not None else 0),
                 "reshard/buckets": float(buckets),
                 "reshard/tensors": float(tensors), "reshard/max_bucket_bytes": float(biggest)}
+
+    def _stream_adapters(self, step: int, base_bytes: float) -> dict[str, float]:
+        """LoRA adapter-only sync: this version's adapters (adapter_sync.py); reshard/bytes counts the base only on the
+        first push, when it streamed too."""
+        self._adapter_version += 1
+        self._adapter_sent = SentChecksums(step, self.options.check_fraction)
+        metrics = stream_adapters(self.actor, self.engine, self.options.bucket_bytes, self._adapter_version,
+                                  self._adapter_sent)
+        metrics["reshard/bytes"] = base_bytes + metrics["reshard/adapter_bytes"]
+        if not base_bytes:  # adapters only: they are this push's stream
+            metrics["timing_s/reshard_stream"] = metrics["timing_s/adapter_stream"]
+        return metrics
 
     def _prove_direct(self) -> dict[str, float]:
         """After the first (full, bucketed) sync: which weights may be copied directly from now on."""

@@ -150,6 +150,26 @@ class RolloutEngine(ABC):
         (a fused qkv parameter: q, k and v); default: the tensor itself."""
         return [(hf_name, 1.0)]
 
+    # LoRA adapters (hybridrl.rollout.lora): engines built with adapters take them apart from the base each step
+    lora: Optional[Any] = None  # the RolloutLora this engine was built to take; None: full weights only
+
+    def load_adapter(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy PEFT-named adapter tensors (full, HF-shaped) of the version being synced into the engine."""
+        raise NotImplementedError(f"{type(self).__name__} was built without LoRA adapters; set "
+                                  "actor_rollout_ref.model.lora.merge=true to sync merged weights instead")
+
+    def finish_adapter_sync(self, version: int) -> None:
+        """After the last adapter bucket: fail if a tensor was not sent; requests use this version from now on."""
+        raise NotImplementedError(f"{type(self).__name__} was built without LoRA adapters")
+
+    def adapter_checksums(self, names: Iterable[str]) -> dict[str, float]:
+        """Checksum of each named adapter tensor as the engine holds it (see adapter_as_held)."""
+        raise NotImplementedError(f"{type(self).__name__} was built without LoRA adapters")
+
+    def adapter_as_held(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """What the engine holds for a sent adapter tensor (its dtype; vLLM: B pre-scaled), for the sender's sums."""
+        return tensor if self.weight_dtype is None else tensor.to(self.weight_dtype)
+
     def wake_up(self, tags: Optional[list[str]] = None) -> None:
         """Re-allocate what `sleep` freed: tags None = all, or ["weights"] / ["kv_cache"]."""
 

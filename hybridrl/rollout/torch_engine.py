@@ -40,6 +40,7 @@ from .base import (
     piece_view,
     shaped_view,
 )
+from .lora import RolloutLora, TorchAdapters
 from .request_batcher import RequestBatcher
 from .sampling import RowSampler, StopChecker, processed_log_probs
 
@@ -66,6 +67,7 @@ class TorchRolloutEngine(RolloutEngine):
         device: str | torch.device = "cpu",
         attn_implementation: str = "sdpa",
         record_routing: bool = False,
+        lora: Optional[RolloutLora] = None,
     ) -> None:
         from transformers import AutoModelForCausalLM
 
@@ -93,15 +95,19 @@ class TorchRolloutEngine(RolloutEngine):
         self._routed: Optional[list[torch.Tensor]] = None  # each router's top-k ids of the last forward
         for router in self._routers:
             router.register_forward_hook(self._record_route)
+        # LoRA (adapter-only sync): the adapters ride on forward hooks; the base keeps its names (hybridrl.rollout.lora)
+        self.lora = lora
+        self.adapters = TorchAdapters(self.model, lora, dtype, self.device) if lora is not None else None
 
     @classmethod
     def from_rollout_config(cls, hf_config: Any, rollout_cfg: Any, *, tokenizer: Optional[Any] = None,
-                            device: str | torch.device = "cpu") -> "TorchRolloutEngine":
+                            device: str | torch.device = "cpu", lora: Optional[RolloutLora] = None
+                            ) -> "TorchRolloutEngine":
         """From actor_rollout_ref.rollout: fp32 on CPU (as the CPU actor trains), rollout.dtype on GPU."""
         device = torch.device(device)
         dtype = torch.float32 if device.type == "cpu" else getattr(torch, rollout_cfg.dtype)
         return cls(hf_config, tokenizer=tokenizer, dtype=dtype, device=device,
-                   record_routing=bool(getattr(rollout_cfg, "enable_rollout_routing_replay", False)))
+                   record_routing=bool(getattr(rollout_cfg, "enable_rollout_routing_replay", False)), lora=lora)
 
     # ------------------------------------------------------------------ weights
     @torch.no_grad()
@@ -163,6 +169,22 @@ class TorchRolloutEngine(RolloutEngine):
                 raise KeyError(f"TorchRolloutEngine.weight_checksums: no weight {name!r}")
             out[name] = float(tensor_checksum(self._params[name]))
         return out
+
+    # ------------------------------------------------------------------ LoRA adapters
+    def load_adapter(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self._require_awake("weights", "load_adapter")
+        self._lora("load_adapter").load(tensors)
+
+    def finish_adapter_sync(self, version: int) -> None:
+        self._lora("finish_adapter_sync").finish(version)
+
+    def adapter_checksums(self, names: Iterable[str]) -> dict[str, float]:
+        return self._lora("adapter_checksums").checksums(names)
+
+    def _lora(self, what: str) -> TorchAdapters:
+        if self.adapters is None:
+            raise RuntimeError(f"TorchRolloutEngine.{what}: the engine was built without LoRA adapters (lora=None)")
+        return self.adapters
 
     def named_weights(self) -> dict[str, torch.Tensor]:
         """The engine's weights by HF name (tied aliases included), for tests and debugging."""
@@ -320,6 +342,9 @@ class TorchRolloutEngine(RolloutEngine):
                 missing = sorted(self._required - self._pending)
                 raise RuntimeError(f"TorchRolloutEngine.generate: weights not loaded ({len(missing)} missing, e.g. "
                                    f"{missing[:4]}); stream them in with load_weights first")
+        if self.adapters is not None and self.adapters.version is None:
+            raise RuntimeError("TorchRolloutEngine.generate: built with LoRA adapters but none was synced; "
+                               "load_adapter + finish_adapter_sync first")
 
     def _check_prompts(self, mask: torch.Tensor, sampling: SamplingParams) -> None:
         if sampling.n < 1:

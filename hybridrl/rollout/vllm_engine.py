@@ -208,9 +208,10 @@ class VLLMRolloutEngine(RolloutEngine):
     def from_config(cls, model_dir: str, rollout_cfg: Any, *, tp_g: int, pad_token_id: int,
                     eos_token_ids: tuple[int, ...], max_model_len: int,
                     trust_remote_code: bool = False, load_format: str = "dummy",
-                    max_batch_rows: Optional[int] = None) -> "VLLMRolloutEngine":
+                    max_batch_rows: Optional[int] = None, **extra: Any) -> "VLLMRolloutEngine":
         """From actor_rollout_ref.rollout (its engine_kwargs.vllm pass through to vllm.LLM). max_batch_rows: the
-        most sequences one generate call can hold (fits the CUDA-graph capture sizes; None: vLLM's list)."""
+        most sequences one generate call can hold (fits the CUDA-graph capture sizes; None: vLLM's list). `extra`:
+        a subclass's own arguments (vllm_lora.VLLMLoraEngine: lora)."""
         r = rollout_cfg
         return cls(
             model_dir, tp_size=tp_g, dtype=r.dtype, gpu_memory_utilization=r.gpu_memory_utilization,
@@ -222,7 +223,7 @@ class VLLMRolloutEngine(RolloutEngine):
             cudagraph_capture_sizes=r.cudagraph_capture_sizes or capture_sizes(max_batch_rows, r.max_num_seqs),
             engine_kwargs=dict((r.engine_kwargs or {}).get("vllm", {}) or {}),
             record_routing=bool(getattr(r, "enable_rollout_routing_replay", False)),
-            per_request_seed=r.per_request_seed,
+            per_request_seed=r.per_request_seed, **extra,
         )
 
     def startup_times(self) -> dict[str, float]:
@@ -239,7 +240,8 @@ class VLLMRolloutEngine(RolloutEngine):
         ids, mask = prompts.batch["input_ids"], prompts.batch["attention_mask"]
         token_lists = [row[m.bool()].tolist() for row, m in zip(ids.cpu(), mask.cpu())]
         params = [self._vllm_params(sampling, seed) for seed in self._request_seeds(sampling, len(token_lists))]
-        outputs = self.llm.generate([{"prompt_token_ids": t} for t in token_lists], params, use_tqdm=False)
+        outputs = self.llm.generate([{"prompt_token_ids": t} for t in token_lists], params, use_tqdm=False,
+                                    **self._request_kwargs())
         responses: list[list[int]] = []
         logprobs: list[list[float]] = []
         routes: list[Any] = []
@@ -301,7 +303,8 @@ class VLLMRolloutEngine(RolloutEngine):
         if self._requests is None:
             from .vllm_requests import VLLMRequestDriver
 
-            self._requests = VLLMRequestDriver(self.llm.llm_engine, lambda s: self._vllm_params(s, s.seed))
+            self._requests = VLLMRequestDriver(self.llm.llm_engine, lambda s: self._vllm_params(s, s.seed),
+                                               self._request_kwargs)
         return await self._requests.submit(prompt_ids, sampling)
 
     # ------------------------------------------------------------------ weights
@@ -317,7 +320,7 @@ class VLLMRolloutEngine(RolloutEngine):
         rank = get_tensor_model_parallel_rank()
         experts = self._num_experts
         return self.llm.apply_model(
-            lambda model: _weight_views(model, wanted, self.tp_size, rank, self._fused_rows, experts))[0]
+            lambda model: _weight_views(self._model(model), wanted, self.tp_size, rank, self._fused_rows, experts))[0]
 
     def piece_views(self, pieces: Sequence[WeightPiece]) -> list[Optional[PieceView]]:
         """Where each piece (held by any rank's actor) lands in vLLM's parameters here; see `_piece_views`.
@@ -329,7 +332,7 @@ class VLLMRolloutEngine(RolloutEngine):
         rank = get_tensor_model_parallel_rank()
         experts = self._num_experts
         return self.llm.apply_model(
-            lambda model: _piece_views(model, wanted, self.tp_size, rank, self._fused_rows, experts,
+            lambda model: _piece_views(self._model(model), wanted, self.tp_size, rank, self._fused_rows, experts,
                                        replicated_kv=self._kv_replicas > 1))[0]
 
     def weight_checksums(self, hf_names: Iterable[str]) -> dict[str, float]:
@@ -340,7 +343,7 @@ class VLLMRolloutEngine(RolloutEngine):
         (norms) count once.
         """
         wanted = list(hf_names)
-        return self.llm.apply_model(lambda model: _local_sums(model, wanted, self.tp_size))[0]
+        return self.llm.apply_model(lambda model: _local_sums(self._model(model), wanted, self.tp_size))[0]
 
     def checksum_terms(self, hf_name: str) -> list[tuple[str, float]]:
         expert = _expert_of(hf_name)
@@ -359,6 +362,13 @@ class VLLMRolloutEngine(RolloutEngine):
                     coef = [1.0, self._kv_replicas, self._kv_replicas] if fused == "qkv_proj" else [1.0, 1.0]
                     return list(zip(names, coef))
         return [(hf_name, 1.0)]
+
+    # hooks for vllm_lora.VLLMLoraEngine: the parameters as HF-shaped names see them, extra generate arguments
+    def _model(self, model: Any) -> Any:
+        return model
+
+    def _request_kwargs(self) -> dict[str, Any]:
+        return {}
 
     # ------------------------------------------------------------------ memory phases
     def wake_up(self, tags: Optional[list[str]] = None) -> None:

@@ -22,10 +22,13 @@ from .base import SamplingParams, TokenOutput
 
 
 class VLLMRequestDriver:
-    def __init__(self, llm_engine: Any, to_vllm: Callable[[SamplingParams], Any]) -> None:
-        """llm_engine: vllm.LLM(...).llm_engine; to_vllm: our SamplingParams -> vllm.SamplingParams."""
+    def __init__(self, llm_engine: Any, to_vllm: Callable[[SamplingParams], Any],
+                 request_kwargs: Callable[[], dict[str, Any]] = dict) -> None:
+        """llm_engine: vllm.LLM(...).llm_engine; to_vllm: our SamplingParams -> vllm.SamplingParams; request_kwargs:
+        add_request's further arguments at submit time (the current LoRA adapter's lora_request)."""
         self.engine = llm_engine
         self.to_vllm = to_vllm
+        self.request_kwargs = request_kwargs
         self._futures: dict[str, asyncio.Future] = {}
         self._ids = itertools.count()
         self._task: Optional[asyncio.Task] = None
@@ -37,7 +40,8 @@ class VLLMRequestDriver:
         loop = asyncio.get_running_loop()
         rid = f"agent-{next(self._ids)}"
         future = loop.create_future()
-        self.engine.add_request(rid, {"prompt_token_ids": list(prompt_ids)}, self.to_vllm(sampling))
+        self.engine.add_request(rid, {"prompt_token_ids": list(prompt_ids)}, self.to_vllm(sampling),
+                                **self.request_kwargs())
         self._futures[rid] = future
         if self._task is None or self._task.done() or self._task.get_loop() is not loop:
             self._task = loop.create_task(self._drive())

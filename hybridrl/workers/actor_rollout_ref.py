@@ -124,7 +124,7 @@ class ActorRolloutRefWorker(Worker):
         asleep = device_memory_used()
         self.engine_memory = {"before_engine_bytes": before, "engine_awake_bytes": awake, "engine_asleep_bytes": asleep}
         self.actor.onload(params=True, grads=True, optimizer=True)
-        self.sync = WeightSync(self.actor, self.engine, SyncOptions.from_config(ara.rollout, ara.actor.megatron),
+        self.sync = WeightSync(self.actor, self.engine, SyncOptions.from_config(ara.rollout, ara.actor.megatron, ara.model),
                                self.plan)
         with timed(times, "first_sync"), self.sync.rollout_phase(0):
             pass

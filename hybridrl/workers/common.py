@@ -85,11 +85,15 @@ def offload_flags(megatron_cfg: Any) -> dict[str, bool]:
 
 def build_rollout_engine(run: RunConfig, model_dir: str, hf_config: Any, tokenizer: Any, device: torch.device,
                          max_batch_rows: Any) -> Any:
-    """The rollout engine of this process (colocated with the actor or on its own GPU), from the job's config."""
+    """The rollout engine of this process (colocated with the actor or on its own GPU), from the job's config. The
+    colocated engine takes LoRA adapters apart from the base (lora_rank > 0, lora.merge false: RolloutLora); a split
+    placement's engines take broadcast full weights (validation requires lora.merge there)."""
+    from hybridrl.config.lora_checks import rollout_lora
     from hybridrl.rollout.factory import build_engine
 
     ara, d = run.cfg.actor_rollout_ref, run.derived
     return build_engine(d.rollout.engine, model_dir, ara.rollout, tp_g=d.rollout.tp, tokenizer=tokenizer,
                         hf_config=hf_config, device=device, trust_remote_code=ara.model.trust_remote_code,
                         max_model_len=run.cfg.data.max_prompt_length + run.cfg.data.max_response_length,
-                        max_batch_rows=max_batch_rows)
+                        max_batch_rows=max_batch_rows,
+                        lora=None if d.placement.split else rollout_lora(ara.model))

@@ -17,12 +17,16 @@ pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.timeout(400)]
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def test_grpo_with_lora_trains_the_adapters_against_the_base_as_reference(tmp_path):
+@pytest.mark.parametrize("merge", [False, True], ids=["adapter_sync", "merged_sync"])
+def test_grpo_with_lora_trains_the_adapters_against_the_base_as_reference(tmp_path, merge):
+    """merge=false (the default): the engine holds the base from the first sync and takes only the adapters each step
+    (every step's sync moves the adapters' bytes alone); merge=true: W + s*B@A in full every step."""
     env = dict(os.environ, PYTHONPATH=ROOT, HF_HUB_OFFLINE="1")
     cmd = [sys.executable, "-m", "hybridrl.trainer.demo", "--out", str(tmp_path), "--sft-steps", "5",
            "trainer.total_training_steps=2", "trainer.test_freq=-1", "trainer.save_freq=2",
            "trainer.val_before_train=false", "actor_rollout_ref.model.lora_rank=8",
-           "actor_rollout_ref.model.lora_alpha=16", "actor_rollout_ref.actor.optim.lr=1e-2"]
+           "actor_rollout_ref.model.lora_alpha=16", "actor_rollout_ref.actor.optim.lr=1e-2",
+           f"actor_rollout_ref.model.lora.merge={str(merge).lower()}"]
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=360)
     assert out.returncode == 0, f"{out.stdout[-3000:]}\n{out.stderr[-5000:]}"
     rows = [json.loads(line) for line in open(tmp_path / "checkpoints" / "logs" / "metrics.jsonl")]
@@ -31,8 +35,13 @@ def test_grpo_with_lora_trains_the_adapters_against_the_base_as_reference(tmp_pa
     assert train[0]["actor/kl_loss"] == 0.0  # B = 0: the actor is the base, i.e. its own reference
     assert train[1]["actor/kl_loss"] > 1e-4  # the first update moved the adapters
     assert abs(train[0]["actor/ppo_kl"]) < 1e-6
-    for r in train:  # the engine holds W + s*B@A: its log-probs are the actor's (fp32)
+    for r in train:  # the engine computes W + s*B@A (merged, or base + hooked adapters): the actor's log-probs (fp32)
         assert r["rollout_vs_actor/logprob_abs_diff_mean"] < 1e-5
+        if merge:
+            assert "reshard/adapter_bytes" not in r
+        else:  # the base came with the first sync (at start-up); a step's sync is the adapters, checked
+            assert r["reshard/bytes"] == r["reshard/adapter_bytes"] > 0
+            assert r["sync_check/adapter_tensors_checked"] > 0
     meta = json.loads((tmp_path / "checkpoints" / "global_step_2" / "actor" / "meta.json").read_text())
     assert meta["lora"] == {"rank": 8, "alpha": 16.0, "targets": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
                                                                   "up_proj", "down_proj"]}

@@ -64,3 +64,27 @@ def test_a_peft_adapter_must_match_the_keys_and_the_error_says_what_to_set():
                             ({"rank_pattern": {"q_proj": 4}}, "rank_pattern")]:
         with pytest.raises(ValueError, match=message):
             check_peft_config({**ok, **change}, spec, "/adapter")
+
+
+SPLIT = ["actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.rollout.n_gpus_per_node=1", "trainer.backend=ray",
+         "trainer.n_gpus_per_node=1"]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ([f"{M}.lora.merge=true"], f"{M}.lora.merge=true but {M}.lora_rank=0"),
+    ([f"{M}.lora_rank=8", *SPLIT], f"hybrid_engine=false: the rollout workers take broadcast full weights.*set {M}.lora.merge=true"),
+    ([f"{M}.lora_rank=1024", "actor_rollout_ref.rollout.name=vllm", "trainer.device=cuda"],
+     f"vLLM's LoRA takes ranks up to 512.*{M}.lora.merge=true"),
+])
+def test_the_adapter_sync_refuses_what_cannot_take_adapters(overrides, message):
+    """lora.merge=false (the default) sends the adapters apart from the base: only the colocated engine takes them,
+    and vLLM only up to its largest LoRA rank; each error names lora.merge, the key that gets full weights instead."""
+    with pytest.raises(ConfigError, match=message):
+        run(*overrides, cuda=lambda: "trainer.device=cuda" in overrides)
+
+
+def test_merged_lora_runs_where_adapters_cannot():
+    run(f"{M}.lora_rank=1024", f"{M}.lora.merge=true", "actor_rollout_ref.rollout.name=vllm", "trainer.device=cuda",
+        cuda=lambda: True)
+    cfg = load_config(BASE + [f"{M}.lora_rank=8"])
+    assert cfg.actor_rollout_ref.model.lora.merge is False  # verl's default: adapters apart from the base

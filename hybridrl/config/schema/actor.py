@@ -9,6 +9,15 @@ from .common import CheckpointConfig, CustomClsConfig, MegatronConfig, OptimConf
 
 
 @dataclass(frozen=True)
+class LoraSyncConfig:
+    """actor_rollout_ref.model.lora: how LoRA adapters reach the rollout engine (verl's megatron key)."""
+
+    merge: bool = doc("false: the rollout engine loads the frozen base once and takes only the adapters each step "
+                      "(vLLM LoRA, updated in place; hybridrl/rollout/lora.py); true: the adapters are merged into the "
+                      "base weights and the full weights are synced each step, as without LoRA.", False)
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     path: str = doc("HuggingFace model folder (config.json + safetensors) or GGUF folder.", "~/models/deepseek-llm-7b-chat")
     custom_chat_template: Optional[str] = None
@@ -28,6 +37,7 @@ class ModelConfig:
     lora_adapter_path: Optional[str] = doc("A PEFT adapter folder (adapter_config.json + adapter_model.safetensors) "
                                            "to start from; its r, lora_alpha and target_modules must match the keys.",
                                            None)
+    lora: LoraSyncConfig = doc("LoRA's weight sync into the rollout engine (lora.merge).", factory=LoraSyncConfig)
     gguf_file: Optional[str] = doc("GGUF file inside `path` to load (dequantized to float).", None)
 
 

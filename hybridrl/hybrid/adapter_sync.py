@@ -1,0 +1,54 @@
+"""The adapter-only weight sync (LoRA with actor_rollout_ref.model.lora.merge=false): WeightSync's step 3 after the
+first sync, when the engine already holds the frozen base.
+
+Ordering inside WeightSync.push (every rank runs it; the export is collective):
+  first push   the base streams as a full sync does (actor.export_weights gives the base without the adapters),
+               then the adapters below
+  every push   for bucket in actor.export_adapter_weights(bucket_bytes):
+                   record checksums of what the engine will hold (engine.adapter_as_held), engine.load_adapter(bucket)
+               engine.finish_adapter_sync(version)      fails if an adapter tensor was not sent; requests use it now
+  checks       engine.adapter_checksums(sampled names) vs the sender's sums -> WeightSyncError naming the tensor
+The engine keeps its base across sleeps (the torch engine's level-1 sleep; the vLLM LoRA engine sleeps at level 1,
+weights to host memory, see hybridrl/rollout/vllm_lora.py), so a push moves only the adapters: reshard/bytes is
+their size. The version is a counter of pushes (1, 2, ...), never reused, so that an engine may key caches by it.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from hybridrl.rollout.base import RolloutEngine
+from hybridrl.utils.device import synchronize
+
+from .checks import SentChecksums, WeightSyncError, compare_checksums
+
+
+def stream_adapters(actor: Any, engine: RolloutEngine, bucket_bytes: int, version: int,
+                    sent: SentChecksums) -> dict[str, float]:
+    """Stream this version's adapters into the engine, one bucket alive at a time; returns reshard/adapter_* metrics."""
+    start = time.perf_counter()
+    seen: set[str] = set()
+    total = buckets = tensors = 0
+    for bucket in actor.export_adapter_weights(bucket_bytes):
+        for name, tensor in bucket:
+            if name in seen:
+                raise WeightSyncError(f"actor.export_adapter_weights sent {name!r} twice in one sync (bucket {buckets})")
+            seen.add(name)
+            total += tensor.numel() * tensor.element_size()
+            sent.record(name, engine.adapter_as_held(name, tensor))
+        engine.load_adapter(bucket)
+        buckets, tensors = buckets + 1, tensors + len(bucket)
+        del bucket  # before the export gathers the next one
+    if not buckets:
+        raise WeightSyncError("actor.export_adapter_weights yielded no adapters")
+    engine.finish_adapter_sync(version)
+    synchronize()
+    return {"timing_s/adapter_stream": time.perf_counter() - start, "reshard/adapter_bytes": float(total),
+            "reshard/adapter_tensors": float(tensors), "reshard/adapter_buckets": float(buckets)}
+
+
+def check_adapters(engine: RolloutEngine, sent: SentChecksums) -> dict[str, float]:
+    """The sampled adapter tensors' engine sums against the sender's (same tolerance as the base's checks)."""
+    checked = compare_checksums(sent, engine.adapter_checksums(sent.names()), rtol=engine.checksum_rtol)
+    return {"sync_check/adapter_tensors_checked": checked["sync_check/tensors_checked"],
+            "sync_check/adapter_max_rel_diff": checked["sync_check/max_rel_diff"]}
