@@ -1,4 +1,4 @@
-"""The one-GPU rows of the run table (runs.py): tests/gpu, the rollout, gap, GRPO, agent, speed, MoE and scale runs.
+"""The one-GPU rows of the run table (runs.py): tests/gpu, the rollout, gap, GRPO, agent, speed, MoE, scale and LoRA runs.
 Each function yields the steps of one row (runner.py); logs go under OUT, results under OUT/results. Every vLLM
 engine runs with CUDA graphs (vLLM's default) unless a row says eager. The order of one lease's calls and what each
 measured are in the results files (benchmarks/results/*.md), not here.
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 
+from lora_bench import VARIANTS_7B, VARIANTS_SMOL
 from runner import ROOT, Actions, Capture, Command, Context, Fresh, Note, Run, Show, Step, WriteJson
 
 ARA = "actor_rollout_ref"
@@ -301,6 +302,55 @@ def gpu_test(name: str):
     return steps
 
 
+# ------------------------------------------------------------------------------------------------ LoRA (issue 40)
+LORA_KNOBS = {"STEPS": "", "SCALE_TIME_S": "150", "SCALE_MODELS": "/tmp", "GPU_UTIL": "0.3", "GRPO_TIME_S": "420",
+              "LORA_ARGS": ""}
+
+
+def lora_7b(variant: str):
+    """Issue 40: the scale curve's 7B workload on one GPU (random weights: SCALE_MODELS/m_7b, built with --no-weights
+    when missing), full fine-tuning with the scale row's overrides or LoRA (lora_bench.VARIANTS_7B), vLLM at GPU_UTIL
+    of the GPU for every variant alike. Full fine-tuning's 7B peak is 131 GiB (megatron_scale.md): an H200 row."""
+    def steps(c: Context) -> Actions:
+        model = yield from scale_model(c, "7b")
+        run = c.path(f"lora_7b_{variant}")
+        yield Fresh(run)
+        overrides = [*scale_common(c, model, run), *SCALE_SHAPES["7b"],
+                     f"{ARA}.rollout.gpu_memory_utilization={c.knob('GPU_UTIL')}", *VARIANTS_7B[variant],
+                     *c.words("LORA_ARGS")]
+        yield Step(f"lora_7b_{variant}", 560, (c.python, "-m", "hybridrl.trainer.main_ppo", *overrides))
+        yield Show((f"{run}.log",), r"start-up|vLLM LoRA|Error|error:", tail=4)
+    return steps
+
+
+def lora_smol(variant: str):
+    """Issue 40: GRPO on SmolLM2 + gsm_symbolic for GRPO_TIME_S (the grpo row's job), with LoRA or full fine-tuning
+    (lora_bench.VARIANTS_SMOL); on CPU the demo's tiny model for 2 steps with validation before and after."""
+    def steps(c: Context) -> Actions:
+        run = c.path(f"lora_{variant}")
+        yield Fresh(run)
+        if c.cpu:
+            cmd = (c.python, "-m", "hybridrl.trainer.demo", "--out", run, "--sft-steps", "5",
+                   "trainer.total_training_steps=2", "trainer.test_freq=2", "trainer.save_freq=-1",
+                   "trainer.val_before_train=true", *VARIANTS_SMOL[variant], *c.words("LORA_ARGS"))
+        else:
+            cmd = (c.python, "-m", "hybridrl.trainer.main_ppo", "--config-name", "grpo_smollm2_gsm8k",
+                   f"{ARA}.model.path={SMOL}", f"trainer.default_local_dir={run}",
+                   f"trainer.max_time_s={c.knob('GRPO_TIME_S')}", *VARIANTS_SMOL[variant], *c.words("LORA_ARGS"))
+        yield Step(f"lora_{variant}", 590, cmd)
+        yield Show((f"{run}.log",), r"start-up|vLLM LoRA|val/score|Error|error:", tail=4)
+    return steps
+
+
+def lora_report(c: Context) -> Actions:
+    """lora_bench.py's report over the lora_* runs of OUT -> results/lora.json + .md."""
+    query = "import torch; print(torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')"
+    device = yield Capture((c.python, "-c", query), placeholder="GPU")
+    yield Command((c.python, "benchmarks/lora_bench.py", "report", "--in-dir", c.out, "--out",
+                   c.path("results", "lora.json"), "--device", device))
+    yield Show((c.path("results", "lora.md"),))
+
+
 def row(name: str, what: str, steps, **kw) -> Run:
     return Run(name, what, steps, env=ENV, **kw)
 
@@ -308,7 +358,7 @@ def row(name: str, what: str, steps, **kw) -> Run:
 # tests/gpu files run on their own (the modes above run some of them among other steps); GPUs each needs
 GPU_TESTS = {"test_controller_gpu": 1, "test_megatron_gpu": 1, "test_vllm_hybrid": 1, "test_agent_vllm": 1,
              "test_megatron_te": 1, "test_vllm_moe": 1, "test_megatron_adam_trajectory": 1,
-             "test_megatron_master_weights": 1, "test_megatron_cp": 2, "test_megatron_layouts_gpu": 2,
+             "test_megatron_master_weights": 1, "test_vllm_lora": 1, "test_megatron_cp": 2, "test_megatron_layouts_gpu": 2,
              "test_weight_broadcast_nccl": 2}
 
 ROWS = [
@@ -344,4 +394,11 @@ ROWS = [
         params="SHAPE..."),
     *[row(f"gpu_test_{name.removeprefix('test_')}", f"tests/gpu/{name}.py alone", gpu_test(name), gpus=gpus)
       for name, gpus in GPU_TESTS.items()],
+    *[row(f"lora_7b_{v}", f"issue 40: the 7B workload, {'full fine-tuning' if v == 'full' else 'LoRA rank 32'}"
+          f"{' with the engine awake (free_cache_engine=false)' if v == 'awake' else ''}, into OUT/lora_7b_{v}",
+          lora_7b(v), knobs=LORA_KNOBS, cpu=True) for v in VARIANTS_7B],
+    *[row(f"lora_{v}", f"issue 40: GRPO SmolLM2 for GRPO_TIME_S, {'full fine-tuning' if v.endswith('full') else 'LoRA'}"
+          f", into OUT/lora_{v}", lora_smol(v), knobs=LORA_KNOBS, cpu=True) for v in VARIANTS_SMOL],
+    row("lora_report", "issue 40: lora_bench.py's report over OUT/lora_* (LoRA vs full: sync, peak memory, gap, "
+        "val gain)", lora_report, results=("lora.json",), gpus=0, cpu=True),
 ]

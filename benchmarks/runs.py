@@ -8,7 +8,7 @@ files it writes, its knobs, and its CPU dry run where one exists.
 
 A row is a function that yields its steps (runner.py performs them: each command under its cap, its log in
 OUT/STEP.log; OUT defaults to $OUT, else /tmp/out; results go to OUT/results). The rows live beside the code they
-run: rows_one_gpu.py (tests/gpu, rollout, gap, GRPO, agent, speed, MoE, scale), rows_two_gpu.py (issue 8's layouts,
+run: rows_one_gpu.py (tests/gpu, rollout, gap, GRPO, agent, speed, MoE, scale, LoRA), rows_two_gpu.py (issue 8's layouts,
 issue 21's split placement), peer_verl/rows.py (verl side by side), and below, the runners that are tables of their
 own (four_gpu.py, async_rl.py, agent_tools.py, two_nodes.py, reward_model_bench.py), one row per entry of theirs.
 A knob is a row's parameter with a default (`show` lists them): `--set KNOB=V`, or the environment variable KNOB as the
