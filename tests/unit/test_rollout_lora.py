@@ -294,7 +294,7 @@ def _vllm_slices(name: str, t: torch.Tensor, tp: int, rank: int, kv_heads: int, 
 def test_slot_places_hold_what_vllm_set_lora_writes(tp, kv_heads):
     """For every tp rank: vLLM's slots filled by its own slicing (written out above) equal, bitwise, what the in-place
     write puts at slot_places' views; the checksum factors add the ranks' sums up to the whole tensor's."""
-    from hybridrl.rollout.vllm_lora import adapter_names, slot_places
+    from hybridrl.rollout.vllm_lora import adapter_names, slot_places, write_places
 
     h, f, heads, d, r, max_rank, slot = 16, 24, 4, 4, 4, 8, 1  # slot 1 of 2: not the first one
     scaling = 1.5
@@ -336,6 +336,11 @@ def test_slot_places_hold_what_vllm_set_lora_writes(tp, kv_heads):
             place.dst.zero_()
             place.write(full[name])  # the in-place update writes the same bits
             assert torch.equal(place.dst, before), (name, rank)
+        before = {n: p.dst.clone() for n, p in places.items()}
+        for p in places.values():
+            p.dst.zero_()
+        write_places([(places[n], t) for n, t in full.items()])  # the same, a bucket at a time in foreach kernels
+        assert all(torch.equal(places[n].dst, before[n]) for n in full), rank
     for name, t in full.items():
         module, which = peft_module(name)
         held = t.bfloat16() * (scaling if which == "B" else 1)
