@@ -192,6 +192,7 @@ class VLLMRolloutEngine(RolloutEngine):
             vllm_log.removeHandler(self._startup)
         self._init_seconds = time.perf_counter() - start
         self._asleep = False
+        self._kv_awake = True  # the KV cache (and the prefix cache in it) survived since the last weight change
         self.weight_dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
         self.checksum_rtol = 1e-6  # vLLM sums fused and sharded tensors in another order than the sender
         hf = self.llm.llm_engine.model_config.hf_config
@@ -374,10 +375,18 @@ class VLLMRolloutEngine(RolloutEngine):
     def wake_up(self, tags: Optional[list[str]] = None) -> None:
         self.llm.wake_up(tags)
         self._asleep = False
+        self._kv_awake = self._kv_awake or tags is None or "kv_cache" in tags
 
     def sleep(self, level: int = 2) -> None:
-        self.llm.sleep(level=level)
+        self.llm.sleep(level=level)  # drops the prefix cache too
         self._asleep = True
+        self._kv_awake = False
+
+    def finish_weight_sync(self) -> None:
+        """New weights: a KV cache that stayed awake through the sync (rollout.free_cache_engine=false) still holds
+        prefix blocks computed with the old ones, keyed by token ids alone, which a repeated prompt would reuse."""
+        if self._kv_awake:
+            self.llm.reset_prefix_cache()
 
     def memory(self) -> EngineMemory:
         free, total = torch.cuda.mem_get_info()
