@@ -337,6 +337,7 @@ def config_overrides(args: argparse.Namespace, model_dir: str) -> list[str]:
         f"actor_rollout_ref.rollout.gpu_memory_utilization={args.gpu_util}",
         f"actor_rollout_ref.rollout.enforce_eager={str(args.eager).lower()}",
         "actor_rollout_ref.rollout.temperature=1.0", "trainer.device=cuda",
+        *getattr(args, "override", []),  # e.g. the GPU test's rollout.free_cache_engine=false
     ]
 
 

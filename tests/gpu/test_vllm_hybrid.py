@@ -85,3 +85,30 @@ def test_generation_follows_changed_actor_weights_with_cuda_graphs(result):
     assert result["engine_info"]["capture_sizes"], "no CUDA graphs were captured"
     assert result["follow_gap"] < 0.02, result["follow_gap"]
     assert result["stale_gap"] > 5 * result["follow_gap"], (result["follow_gap"], result["stale_gap"])
+
+
+@pytest.fixture(scope="module")
+def awake_result(tmp_path_factory):
+    """The same run with the KV cache kept between steps (rollout.free_cache_engine=false): nothing sleeps, so
+    nothing but the sync itself drops vLLM's prefix cache, and the follow check's prompts were all generated
+    before the weights changed."""
+    pytest.importorskip("vllm")
+    import hybrid_bench as hb
+
+    hb.SHAPE.update(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
+                    num_key_value_heads=2, vocab_size=32000)
+    model_dir = hb.make_model(str(tmp_path_factory.mktemp("qwen2_small_awake")))
+    args = argparse.Namespace(prompts=32, prompt_len=32, max_tokens=32, syncs=2, gpu_util=0.3, eager=False,
+                              cpu_dry_run=False, reps=1, peers="",
+                              override=["actor_rollout_ref.rollout.free_cache_engine=false"])
+    return hb.hybrid_run(args, model_dir)
+
+
+@pytest.mark.timeout(600)
+def test_a_kv_cache_kept_awake_serves_no_prefix_of_the_old_weights(awake_result):
+    # repeated prompts after a weight change: KV of the old weights reused from the prefix cache would pull the
+    # rollout's log-probs toward the unchanged actor
+    assert awake_result["fresh_mismatches"] == [], awake_result["fresh_mismatches"][:5]
+    assert awake_result["follow_gap"] < 0.02, awake_result["follow_gap"]
+    assert awake_result["stale_gap"] > 5 * awake_result["follow_gap"], (awake_result["follow_gap"],
+                                                                        awake_result["stale_gap"])
