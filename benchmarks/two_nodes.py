@@ -18,7 +18,7 @@ the bound if NCCL_HOSTID is not honoured. NCCL_DEBUG=INFO logs are kept; the rep
 Must show (report -> two_nodes.json metrics): metrics_equal (the two-node run's per-step metrics against the
 one-node run's within bf16 noise: rel 2e-2 on losses and scores, the same samples at temperature 0 aside), and
 sync_s / step_s of each layout and their ratio two-node / one-node. The node's death (kill the worker node mid-run,
-fail fast with its name, resume) is tests/e2e/test_two_nodes.py on CPU; on GPU it is the `kill` row.
+fail fast with its name, resume) is tests/e2e/test_two_nodes.py on CPU; no row runs it on GPUs yet.
 """
 from __future__ import annotations
 
