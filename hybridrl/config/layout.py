@@ -4,7 +4,7 @@ points reads them from here."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from .algorithm_checks import AlgorithmPlan
 from .placement import Placement
@@ -41,6 +41,11 @@ class ParallelLayout:
     def expert_dp(self) -> int:
         return self.tp * self.cp * self.dp // (self.ep * self.expert_tp)
 
+    def describe(self) -> str:
+        """The dense layout as the run summaries print it."""
+        return (f"tp={self.tp} pp={self.pp} cp={self.cp} dp={self.dp} vpp={self.vpp} sp={self.sequence_parallel} "
+                f"dtype={self.dtype}")
+
 
 @dataclass(frozen=True)
 class BatchPlan:
@@ -61,6 +66,17 @@ class BatchPlan:
     @property
     def optimizer_steps_per_step(self) -> int:
         return self.mini_batches_per_epoch * self.ppo_epochs
+
+    def describe_micro_batches(self) -> str:
+        """How a dp rank cuts its mini-batch, as the run summaries print it."""
+        if self.use_dynamic_bsz:
+            return f"dynamic micro-batches <= {self.max_token_len_per_gpu} tokens"
+        return f"micro-batch {self.micro_batch_per_gpu} -> grad accumulation {self.grad_accum}"
+
+
+def describe_machine(device: str, world_size: int, trainer: Any) -> str:
+    """The summaries' first line: device, ranks and how trainer.nnodes x trainer.n_gpus_per_node make them."""
+    return f"device={device} world={world_size} ({trainer.nnodes} node(s) x {trainer.n_gpus_per_node})"
 
 
 @dataclass(frozen=True)
@@ -92,17 +108,15 @@ class RunConfig:
         d, c = self.derived, self.cfg
         a, b = d.actor, d.actor_batch
         lines = [
-            f"device={d.device} world={d.world_size} ({c.trainer.nnodes} node(s) x {c.trainer.n_gpus_per_node})",
-            f"actor layout: tp={a.tp} pp={a.pp} cp={a.cp} dp={a.dp} vpp={a.vpp} sp={a.sequence_parallel} dtype={a.dtype}"
+            describe_machine(d.device, d.world_size, c.trainer),
+            f"actor layout: {a.describe()}"
             + (f" ep={a.ep} etp={a.expert_tp} expert_dp={a.expert_dp}" if a.ep > 1 or a.etp else ""),
             f"rollout: {d.rollout.engine} tp_g={d.rollout.tp} dp_g={d.rollout.dp} n={d.rollout.n}",
             *([d.placement.describe()] if d.placement.split else []),
             f"batch: {c.data.train_batch_size} prompts x n={d.rollout.n} = {b.samples_per_step} samples/step; "
             f"{b.mini_batches_per_epoch} mini-batch(es) of {b.mini_batch_samples} samples x {b.ppo_epochs} epoch(s) "
             f"= {b.optimizer_steps_per_step} optimizer step(s)/step",
-            f"per dp rank: {b.mini_batch_per_dp} samples/mini-batch, "
-            + (f"dynamic micro-batches <= {b.max_token_len_per_gpu} tokens" if b.use_dynamic_bsz
-               else f"micro-batch {b.micro_batch_per_gpu} -> grad accumulation {b.grad_accum}"),
+            f"per dp rank: {b.mini_batch_per_dp} samples/mini-batch, {b.describe_micro_batches()}",
             f"roles: actor{'' if d.placement.split else '+rollout'}{'+ref' if d.use_reference else ''}"
             f"{'+critic' if d.use_critic else ''} colocated" + (" (rollout apart)" if d.placement.split else ""),
         ]

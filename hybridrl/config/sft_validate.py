@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from .layout import BatchPlan, ParallelLayout
+from .layout import BatchPlan, ParallelLayout, describe_machine
 from .problems import Problems, choices
 from .schema.sft import SFTConfig
 from .validate import (
@@ -48,11 +48,9 @@ class SFTRun:
     def summary(self) -> str:
         d, c = self.derived, self.cfg
         a, b = d.layout, d.batch
-        lines = [f"device={d.device} world={d.world_size} ({c.trainer.nnodes} node(s) x {c.trainer.n_gpus_per_node})",
-                 f"layout: tp={a.tp} pp={a.pp} cp={a.cp} dp={a.dp} vpp={a.vpp} sp={a.sequence_parallel} dtype={a.dtype}",
+        lines = [describe_machine(d.device, d.world_size, c.trainer), f"layout: {a.describe()}",
                  f"batch: {b.samples_per_step} sequences/step, {b.mini_batch_per_dp} per dp rank, "
-                 + (f"dynamic micro-batches <= {b.max_token_len_per_gpu} tokens" if b.use_dynamic_bsz
-                    else f"micro-batch {b.micro_batch_per_gpu} -> grad accumulation {b.grad_accum}")]
+                 f"{b.describe_micro_batches()}"]
         return "\n".join(lines + [f"note: {n}" for n in d.notes])
 
 
