@@ -18,7 +18,6 @@ import glob
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -166,9 +165,18 @@ class Note:
         print(self.text, flush=True)
 
 
+def fresh_folder(path: str) -> None:
+    """An empty folder at `path` for one run. The trainer appends to its metrics.jsonl, so a folder that already
+    holds files is an earlier run's: the row stops there, naming it, and deletes nothing."""
+    if os.path.isdir(path) and os.listdir(path):
+        raise SystemExit(f"runner: {path} holds an earlier run's files; run with another --out (nothing was "
+                         "deleted or overwritten)")
+    os.makedirs(path, exist_ok=True)
+
+
 @dataclass(frozen=True)
 class Fresh:
-    """An empty folder at `path`: a rerun starts clean (the trainer appends to its metrics.jsonl)."""
+    """An empty folder at `path` (fresh_folder)."""
 
     path: str
     placeholder: Any = None
@@ -177,8 +185,7 @@ class Fresh:
         return []
 
     def perform(self, ctx: Context) -> None:
-        shutil.rmtree(self.path, ignore_errors=True)
-        os.makedirs(self.path)
+        fresh_folder(self.path)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,6 @@ of peer_verl.md; issue 34's rows give each trainer its best documented settings 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import threading
 import time
@@ -19,7 +18,7 @@ from typing import Any, Mapping, Optional
 
 from peer_verl import settings
 from rows_one_gpu import smol_dir
-from runner import ROOT, Actions, Capture, Command, Context, Run, Step, bash_quote
+from runner import ROOT, Actions, Capture, Command, Context, Run, Step, bash_quote, fresh_folder
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SMOL_DATA = "benchmarks/data/gsm_symbolic"
@@ -66,8 +65,8 @@ class Train:
         return [self.argv]
 
     def perform(self, ctx: Context) -> int:
-        if not self.suffix:
-            shutil.rmtree(self.folder, ignore_errors=True)
+        if not self.suffix:  # part 2 adds its *.2 files beside part 1's
+            fresh_folder(self.folder)
         os.makedirs(self.folder, exist_ok=True)
         at = lambda name: os.path.join(self.folder, name + self.suffix)  # noqa: E731
         with open(at("command.txt"), "w") as f:
