@@ -260,6 +260,7 @@ def run_one(name: str, args: argparse.Namespace, deadline: float) -> Optional[in
         print(f"[four_gpu] {name}: {left:.0f} s left in the budget, skipped", flush=True)
         return None
     print(f"[four_gpu] {name}: {run.what}; {run.gpus} x {device}; log {folder}.log", flush=True)
+    machine_state(os.path.join(folder, "machine_before.txt"))
     start = time.time()
     with open(folder + ".log", "w") as log:
         try:
@@ -267,8 +268,30 @@ def run_one(name: str, args: argparse.Namespace, deadline: float) -> Optional[in
                                 stderr=subprocess.STDOUT, env=env, timeout=max(60, left - 15)).returncode
         except subprocess.TimeoutExpired:
             rc = 124
+    machine_state(os.path.join(folder, "machine_after.txt"))
     print(f"[four_gpu] {name}: rc={rc} in {time.time() - start:.0f} s; {one_line(folder)}", flush=True)
     return rc
+
+
+# what a run's timings depend on besides the code: GPU clocks, power and throttle reasons, memory held, and the
+# host's load and busiest processes (a run slower throughout than the same run earlier had nothing else to go on:
+# four_gpu.md, lease 3)
+MACHINE_QUERIES = (
+    ["nvidia-smi", "--query-gpu=index,clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu,"
+     "clocks_throttle_reasons.active,memory.used,utilization.gpu", "--format=csv"],
+    ["uptime"],
+    ["ps", "-eo", "pid,pcpu,rss,etime,args", "--sort=-pcpu"],
+)
+
+
+def machine_state(path: str) -> None:
+    with open(path, "w") as f:
+        for cmd in MACHINE_QUERIES:
+            try:
+                out = subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout
+            except (OSError, subprocess.SubprocessError) as e:
+                out = f"({e})\n"
+            f.write(f"$ {' '.join(cmd)}\n" + "\n".join(line[:200] for line in out.splitlines()[:16]) + "\n\n")
 
 
 def allgather(gpus: int, args: argparse.Namespace, deadline: float) -> Optional[int]:

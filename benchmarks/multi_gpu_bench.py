@@ -231,15 +231,54 @@ def allgather(args: argparse.Namespace) -> None:
     from bench_common import d2d_bandwidth  # benchmarks/ is this script's folder
 
     d2d = d2d_bandwidth(dev.type, out.numel() * 2)  # the floor for bytes written into the engine on this GPU
+    pairs = pair_exchange(dev, shard.numel() * 2 * (world - 1), sync) if world % 2 == 0 else {}
     if dist.get_rank() == 0:
         record = {"world": world, "output_bytes": out.numel() * 2, "seconds": seconds,
                   "algbw_bytes_per_s": out.numel() * 2 / seconds, "busbw_bytes_per_s": received / seconds,
-                  "d2d_bytes_per_s": d2d}
+                  "d2d_bytes_per_s": d2d, **pairs}
         with open(args.out, "w") as f:
             json.dump(record, f, indent=1)
         print(f"all-gather over {world} ranks: {record['busbw_bytes_per_s'] / 1e9:.1f} GB/s bus bandwidth, "
               f"{record['algbw_bytes_per_s'] / 1e9:.1f} GB/s algorithm bandwidth", flush=True)
     dist.destroy_process_group()
+
+
+def pair_exchange(dev: torch.device, nbytes: int, sync) -> dict[str, float]:
+    """What the cross-GPU weight copy moves (hybrid/remote.py): rank r and its neighbour r ^ 1 swap `nbytes` at once,
+    as one message and as rounds of 256 MiB (batch_isend_irecv, NCCL point-to-point on GPU), beside an all-gather
+    of the same bytes in a group of the two. Bytes each rank receives per second; every pair runs at once."""
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    peer = rank ^ 1
+    groups = [dist.new_group([r, r + 1]) for r in range(0, world, 2)]
+    pair = groups[rank // 2]
+    send = torch.ones(nbytes, dtype=torch.uint8, device=dev)
+    recv = torch.empty_like(send)
+
+    def exchange(chunk: int) -> None:
+        for lo in range(0, nbytes, chunk):
+            n = min(chunk, nbytes - lo)
+            ops = [dist.P2POp(dist.isend, send.narrow(0, lo, n), peer), dist.P2POp(dist.irecv, recv.narrow(0, lo, n), peer)]
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
+
+    gathered = torch.empty(2 * nbytes, dtype=torch.uint8, device=dev)
+    ways = {"p2p_one_message": lambda: exchange(nbytes), "p2p_rounds_256mib": lambda: exchange(256 << 20),
+            "pair_all_gather": lambda: dist.all_gather_into_tensor(gathered, send, group=pair)}
+    out = {"pair_bytes": float(nbytes)}
+    for name, fn in ways.items():
+        fn()  # warm-up: NCCL connects a new peer on first use
+        sync()
+        start = time.perf_counter()
+        for _ in range(5):
+            fn()
+        sync()
+        out[f"{name}_bytes_per_s"] = nbytes * 5 / (time.perf_counter() - start)
+    if rank == 0:
+        print("pairs swapping " + f"{nbytes / 2**20:.0f} MiB: " + ", ".join(
+            f"{k[:-len('_bytes_per_s')]} {v / 1e9:.1f} GB/s" for k, v in out.items() if k.endswith("_per_s")), flush=True)
+    return out
 
 
 # ------------------------------------------------------------------------------------------ report

@@ -188,7 +188,8 @@ def estimate(run: RunConfig, shape: ModelShape, gpu_memory_bytes: int,
             if name == "reward" and s.rm is None:
                 continue
             if name == "train_actor_onload":
-                if d.device != "cuda" or not defers_optimizer(s, d.placement.split):
+                overlap = run.cfg.actor_rollout_ref.actor.megatron.optimizer_onload_overlap
+                if d.device != "cuda" or not overlap or not defers_optimizer(s, d.placement.split):
                     continue
                 # the update's own activations: the forward-only passes (folded into train_actor) are over by then
                 train = {**phase_parts("train_actor", s, rollout, overhead, split=d.placement.split),

@@ -135,7 +135,8 @@ class ActorRolloutRefWorker(Worker):
         """With optimizer_offload on a GPU: the bytes the actor's forward/backward needs beyond what is resident (the
         plan's activations and margin), so that the optimizer state comes back beside it as far as memory allows."""
         run = self.run
-        if run.derived.device != "cuda" or not run.cfg.actor_rollout_ref.actor.megatron.optimizer_offload:
+        megatron = run.cfg.actor_rollout_ref.actor.megatron
+        if run.derived.device != "cuda" or not (megatron.optimizer_offload and megatron.optimizer_onload_overlap):
             return None
         from hybridrl.plan.estimate import actor_onload_reserve
         from hybridrl.plan.model_shape import from_hf_config

@@ -368,3 +368,7 @@ def test_optimizer_state_coming_back_during_the_forward_backward_by_hand():
     two = _run(*ONE_H200, "actor_rollout_ref.actor.ppo_mini_batch_size=8", config_name="grpo_trainer")
     assert estimate(kept, shape, gpu).phases["train_actor_onload"] is None
     assert estimate(two, shape, gpu).phases["train_actor_onload"] is None
+    # the overlap turned off: the state comes back after the backward, so no phase holds it beside the activations
+    serial = _run(*ONE_H200, "actor_rollout_ref.actor.megatron.optimizer_onload_overlap=false", config_name="grpo_trainer")
+    assert estimate(serial, shape, gpu).phases["train_actor_onload"] is None
+    assert estimate(serial, shape, gpu).phases["actor_step"].parts["actor_optimizer"] == 12 * P

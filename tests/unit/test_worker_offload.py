@@ -147,6 +147,10 @@ def test_the_actor_keeps_the_plans_activations_free_for_an_overlapped_onload():
     kept = load_config([*on_gpu, "actor_rollout_ref.actor.megatron.optimizer_offload=false"], config_name="grpo_trainer")
     worker.run = validate(kept, cuda_available=lambda: True)
     assert worker._onload_reserve() is None
+    serial = load_config([*on_gpu, "actor_rollout_ref.actor.megatron.optimizer_offload=true",
+                          "actor_rollout_ref.actor.megatron.optimizer_onload_overlap=false"], config_name="grpo_trainer")
+    worker.run = validate(serial, cuda_available=lambda: True)
+    assert worker._onload_reserve() is None
 
 
 def test_the_update_hands_the_optimizer_state_to_the_weight_sync_after_its_step():

@@ -67,6 +67,10 @@ class MegatronConfig:
                                   "(`hybridrl plan`: phase train_actor_onload); false keeps it on the GPU beside the "
                                   "rollout engine (faster where both fit: `hybridrl plan` shows the rollout phase).",
                                   False)
+    optimizer_onload_overlap: bool = doc("With optimizer_offload: the actor's optimizer state comes back from the host "
+                                         "on a side stream during the forward/backward, as far as the plan's memory "
+                                         "allows; false brings it back after the backward (serial, the memory of the "
+                                         "forward/backward left alone).", True)
     tensor_model_parallel_size: int = 1
     expert_model_parallel_size: int = doc("Expert parallelism (MoE models): the experts are split over this many ranks "
                                           "of each pipeline stage's tp*dp ranks; must divide the number of experts.", 1)
