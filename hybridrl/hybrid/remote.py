@@ -173,7 +173,7 @@ class RemoteCopy:
         for rnd in self.rounds:
             for peer, i in rnd.sent:
                 if is_sampled(self.groups[i], step, fraction):
-                    flat = self._source(i).to(self.transfers[i].dst_dtype).reshape(-1)
+                    flat = self._source(i).to(self.transfers[i].dst_dtype)
                     sums[peer] += [tensor_checksum(flat), tensor_abs_sum(flat)]
             for _, v, i in rnd.unpack:
                 if is_sampled(self.groups[i], step, fraction):
@@ -186,7 +186,7 @@ class RemoteCopy:
             return {"sync_check/remote_checked": 0.0}
         order = [i for p in expect for i in expect[p]]
         sent = torch.cat([recv[p] for p in expect]).view(-1, 2).cpu().tolist()
-        got = torch.stack([tensor_checksum(views[i].reshape(-1)) for i in order]).cpu().tolist()
+        got = torch.stack([tensor_checksum(views[i]) for i in order]).cpu().tolist()
         for i, (total, scale), mine in zip(order, sent, got):
             if not abs(mine - total) <= CHECK_RTOL * scale:  # `not <=`: a NaN fails too
                 t = self.transfers[i]
