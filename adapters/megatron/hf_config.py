@@ -234,6 +234,11 @@ def _rope(cfg: Any, src: str) -> RopeSpec:
 
 
 def _dtype_name(cfg: Any) -> str:
-    dtype = getattr(cfg, "dtype", None) or getattr(cfg, "torch_dtype", None) or "float32"
+    dtype = getattr(cfg, "dtype", None)
+    # transformers 5's PretrainedConfig.torch_dtype is a property returning .dtype that logs a deprecation on the
+    # console of every worker: read the old name only where it is a plain attribute (older configs, namespaces)
+    if dtype is None and not isinstance(getattr(type(cfg), "torch_dtype", None), property):
+        dtype = getattr(cfg, "torch_dtype", None)
+    dtype = dtype or "float32"
     name = str(dtype).replace("torch.", "")
     return name if name in ("float32", "bfloat16", "float16") else "float32"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import fnmatch
+import json
 import logging
 import os
 import shutil
@@ -200,17 +201,65 @@ def shutdown_ray() -> None:
 
 
 _RUN_TEMP_DIRS: list[str] = []
+RUN_TEMP_PREFIX, RUN_TEMP_OWNER = "hybridrl-", "owner.json"
 
 
-def _new_run_temp_dir() -> str:
-    """A short path (Ray's UNIX sockets live below it and must stay under 108 characters)."""
-    base = tempfile.gettempdir()
-    if len(base) > 32 and os.path.isdir("/tmp"):
-        base = "/tmp"
-    path = tempfile.mkdtemp(prefix="hybridrl-", dir=base)
+def _new_run_temp_dir(base: str | None = None) -> str:
+    """A short path (Ray's UNIX sockets live below it and must stay under 108 characters). Folders of earlier runs
+    whose driver ended without removing them (kill -9, out of memory) are removed first: remove_stale_run_temp_dirs."""
+    if base is None:
+        base = tempfile.gettempdir()
+        if len(base) > 32 and os.path.isdir("/tmp"):
+            base = "/tmp"
+    remove_stale_run_temp_dirs(base)
+    path = tempfile.mkdtemp(prefix=RUN_TEMP_PREFIX, dir=base)
+    with open(os.path.join(path, RUN_TEMP_OWNER), "w") as f:  # what proves the folder ours once this driver is gone
+        json.dump({"pid": os.getpid(), "start": _process_start(os.getpid()), "pid_ns": _pid_namespace()}, f)
     os.makedirs(os.path.join(path, "tmp"))
     _RUN_TEMP_DIRS.append(path)
     return path
+
+
+def remove_stale_run_temp_dirs(base: str) -> list[str]:
+    """Remove the run folders in `base` whose owner.json names a driver that no longer runs (its pid gone, or
+    reused by a process that started at another time). A folder without that file, one this user cannot read, or
+    one made in another pid namespace (a container sharing /tmp, whose pids mean other processes) is left alone:
+    nothing is deleted that is not proven to be an earlier run's."""
+    removed = []
+    for name in sorted(os.listdir(base)) if os.path.isdir(base) else []:
+        path = os.path.join(base, name)
+        if not name.startswith(RUN_TEMP_PREFIX) or os.path.islink(path) or not os.path.isdir(path):
+            continue
+        try:
+            with open(os.path.join(path, RUN_TEMP_OWNER)) as f:
+                owner = json.load(f)
+            pid, start, pid_ns = int(owner["pid"]), owner["start"], owner["pid_ns"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if start is not None and pid_ns is not None and pid_ns == _pid_namespace() and _process_start(pid) != start:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    if removed:
+        logger.info("removed %d temp folder(s) of earlier runs that ended without removing them: %s", len(removed),
+                    ", ".join(removed))
+    return removed
+
+
+def _pid_namespace() -> str | None:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
+def _process_start(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (/proc/PID/stat field 22): with the pid, it names one
+    process even after the pid is reused. None where /proc is absent or the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
 
 
 def remove_run_temp_dirs() -> None:

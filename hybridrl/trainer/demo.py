@@ -74,7 +74,7 @@ def supervised_warmup(model, tokenizer, train_file: str, steps: int, seed: int, 
         opt.zero_grad()
         loss.backward()
         opt.step()
-    return float(loss)
+    return float(loss.detach())
 
 
 def _sft_batch(rows: list[dict], tokenizer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -35,7 +36,7 @@ def demo(tmp_path_factory):
                 "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_loss_type=k3+",
                 f"trainer.validation_data_dir={out / 'val_gens'}", f"trainer.rollout_data_dir={out / 'rollout_gens'}"])
     rows = [json.loads(line) for line in open(out / "checkpoints" / "logs" / "metrics.jsonl")]
-    return {"out": out, "stdout": proc.stdout, "rows": rows}
+    return {"out": out, "stdout": proc.stdout, "stderr": proc.stderr, "rows": rows}
 
 
 @pytest.mark.timeout(900)
@@ -57,6 +58,12 @@ def test_two_steps_log_verl_metrics_and_end_with_the_demo_line(demo):
     # fp32 on CPU: the torch engine's log-probs equal the Megatron actor's recomputation
     assert train[0]["rollout_vs_actor/logprob_abs_diff_mean"] < 1e-5
     assert demo["stdout"].rstrip().splitlines()[-1].startswith("demo: val/score ")
+    # the console shows hybridrl's lines: other packages' warnings (driver and workers) went to warnings.log
+    console = demo["stdout"] + demo["stderr"]
+    foreign = [ln for ln in console.splitlines() if re.search(r"\.py:\d+: \w*Warning: ", ln)
+               and not re.search(r"/(hybridrl|adapters)/[^:]*\.py:\d+: ", ln)]
+    assert not foreign and "Triggered internally at" not in console and "[transformers]" not in console, console[-4000:]
+    assert (demo["out"] / "checkpoints" / "logs" / "warnings.log").stat().st_size > 0
     ckpt = demo["out"] / "checkpoints"
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
     assert (ckpt / "global_step_2" / ".complete").exists()

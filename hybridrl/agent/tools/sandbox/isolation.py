@@ -49,11 +49,19 @@ MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 0x4000, 0x40000
 
 
 def enter_namespaces(workdir: str, disk_bytes: int, max_files: int) -> str:
-    """Private mount + network namespace; a tmpfs of disk_bytes and max_files inodes over workdir."""
+    """Private mount + network namespace; a tmpfs of disk_bytes and max_files inodes over workdir.
+
+    Without CAP_SYS_ADMIN (any non-root user, and root in most containers, whose capabilities are cut down) the
+    namespaces come inside a new user namespace, which grants them; root with CAP_SYS_ADMIN needs none."""
     uid, gid = os.geteuid(), os.getegid()
-    flags = CLONE_NEWNS | CLONE_NEWNET | (0 if uid == 0 else CLONE_NEWUSER)
-    _check(_libc.unshare(flags), "unshare(mount, net" + ("" if uid == 0 else ", user") + ")")
-    if uid != 0:  # map our own ids so that the files we write keep their owner
+    own_user_ns = not _has_capability(CAP_SYS_ADMIN)
+    if own_user_ns and uid == 0 and not _has_capability(CAP_SETFCAP):
+        # the kernel (5.12+) lets only a holder of CAP_SETFCAP map root into a user namespace
+        raise LayerRefused("root without CAP_SYS_ADMIN or CAP_SETFCAP cannot make its namespaces: run the trainer as "
+                           "a non-root user, or give it one of these capabilities")
+    flags = CLONE_NEWNS | CLONE_NEWNET | (CLONE_NEWUSER if own_user_ns else 0)
+    _check(_libc.unshare(flags), "unshare(mount, net" + (", user" if own_user_ns else "") + ")")
+    if own_user_ns:  # map our own ids so that the files we write keep their owner
         for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
             with open(f"/proc/self/{name}", "w") as f:
                 f.write(text)
@@ -63,7 +71,7 @@ def enter_namespaces(workdir: str, disk_bytes: int, max_files: int) -> str:
     _check(_libc.mount(b"tmpfs", workdir.encode(), b"tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, opts),
            f"mount(tmpfs on {workdir})")
     os.chdir(workdir)  # the old cwd is the folder beneath the new mount
-    return f"mount+net namespace{'' if uid == 0 else ' in a user namespace'}, tmpfs {disk_bytes >> 20} MiB"
+    return f"mount+net namespace{' in a user namespace' if own_user_ns else ''}, tmpfs {disk_bytes >> 20} MiB"
 
 
 # ---- rlimits --------------------------------------------------------------------------------------------------
@@ -86,7 +94,7 @@ def drop_capabilities() -> str:
     # first, and on its own: Landlock and seccomp need it even where dropping capabilities fails
     _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(no_new_privs)")
     last = int(open("/proc/sys/kernel/cap_last_cap").read()) if os.path.exists("/proc/sys/kernel/cap_last_cap") else 40
-    if os.geteuid() == 0 or _has_setpcap():
+    if _has_capability(CAP_SETPCAP):
         for cap in range(last + 1):
             _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)  # EINVAL for caps this kernel lacks: fine
     header = struct.pack("Ii", _LINUX_CAPABILITY_VERSION_3, 0)
@@ -95,10 +103,14 @@ def drop_capabilities() -> str:
     return "none left, no_new_privs"
 
 
-def _has_setpcap() -> bool:
+CAP_SETPCAP, CAP_SYS_ADMIN, CAP_SETFCAP = 8, 21, 31
+
+
+def _has_capability(cap: int) -> bool:
+    """Whether `cap` is in this process's effective set (/proc/self/status CapEff)."""
     for line in open("/proc/self/status"):
         if line.startswith("CapEff:"):
-            return bool(int(line.split()[1], 16) & (1 << 8))
+            return bool(int(line.split()[1], 16) & (1 << cap))
     return False
 
 
