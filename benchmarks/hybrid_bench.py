@@ -352,7 +352,7 @@ def copy_ablation(direct, repeats: int = 20) -> dict[str, float]:
     for name, graph, limit in (("eager", False, default), ("graph_foreach_0", True, 0),
                                ("graph_foreach_4mib", True, 4 << 20), ("graph_foreach_all", True, 1 << 62)):
         d.FOREACH_MAX_BYTES = limit
-        direct._use_graph, direct._graph_key, direct._captures = graph, None, 0
+        direct.reset(graph)
         times = []
         for _ in range(repeats):
             torch.cuda.synchronize()
@@ -362,7 +362,7 @@ def copy_ablation(direct, repeats: int = 20) -> dict[str, float]:
             times.append(time.perf_counter() - start)
         out[name] = statistics.median(times)
     d.FOREACH_MAX_BYTES = default
-    direct._use_graph, direct._graph_key, direct._captures = True, None, 0
+    direct.reset(True)
     return out
 
 

@@ -18,6 +18,7 @@ from hybridrl.adapters.base import WeightRegion
 from hybridrl.adapters.megatron.hf_config import arch_from_hf
 from hybridrl.adapters.megatron.mapping import Topology, hf_to_shard, plan, shard_regions, shards_to_hf
 from hybridrl.hybrid import SyncOptions, WeightSync, WeightSyncError
+from hybridrl.hybrid.direct import GraphLayouts
 from hybridrl.rollout.torch_engine import TorchRolloutEngine
 from hybridrl.rollout.vllm_weights import _weight_views
 from tests.fixtures.actor_stubs import StubActor
@@ -112,6 +113,26 @@ def test_direct_copy_off_streams_every_sync():
         m = sync.push(step)
         sync.release()
         assert m["reshard/direct_bytes"] == 0 and len(actor.exported[-1]) == len(actor.hf())
+
+
+def test_graph_layouts_capture_the_first_layout_and_those_that_come_back():
+    """Param offload re-allocates the actor's storages: a layout seen for the first time is copied eagerly (a capture
+    costs several copies), one that comes back is captured, a captured one replays, at most `limit` are kept."""
+    layouts = GraphLayouts(limit=3)
+    keys = ["A", "A", "B", "A", "B", "C", "D", "C", "D", "E", "C", "B"]
+    want = ["capture", "replay", "eager", "replay", "capture", "eager", "eager", "capture", "eager", "eager",
+            "replay", "replay"]
+    assert [layouts.choose((k,)) for k in keys] == want
+
+
+def test_the_direct_copy_runs_eagerly_on_cpu_and_says_so():
+    arch = arch_from_hf(CFG)
+    actor = ShardActor(arch, random_hf(arch))
+    sync = WeightSync(actor, TorchRolloutEngine(CFG), SyncOptions())
+    for step in range(2):
+        m = sync.push(step)
+        sync.release()
+    assert sync._direct.last == "eager" and m["reshard/direct_graph"] == m["reshard/direct_captured"] == 0.0
 
 
 class SwappedNormsEngine(TorchRolloutEngine):
