@@ -44,12 +44,16 @@ def read_from(hf):
 
 class ShardActor(StubActor):
     """One tp rank's Megatron-layout shards (built with the mapping's import), exported and regioned
-    the way adapters/megatron does; `step()` changes them in place like an optimizer step."""
+    the way adapters/megatron does; `step()` changes them in place like an optimizer step. With `ep` > 1 (tp 1) the
+    rank holds the routed experts of its ep rank `rank` only (`grouped`: named as TE's grouped GEMM experts)."""
 
-    def __init__(self, arch, hf, tp=1, rank=0):
+    def __init__(self, arch, hf, tp=1, rank=0, ep=1, grouped=False):
+        assert tp == 1 or ep == 1, "tp and ep together: not needed here"
         self.arch, self.tp, self.rank = arch, tp, rank
-        self.entries = [e for e in plan(arch, Topology(tp=tp, pp=1)) if e.export]
-        self.shards = {e.mcore: hf_to_shard(e, read_from(hf), arch, rank, tp).clone() for e in self.entries}
+        self.topo = Topology(tp=tp, pp=1, ep=ep, grouped_experts=grouped)
+        self.entries = [e for e in plan(arch, self.topo) if e.export and e.ep_rank in (None, rank if ep > 1 else 0)]
+        self.shards = {e.mcore: hf_to_shard(e, read_from(hf), arch, rank % self.topo.split(e),
+                                            self.topo.split(e)).clone() for e in self.entries}
         self.exported: list[list[str]] = []
 
     def hf(self) -> dict[str, torch.Tensor]:
@@ -72,7 +76,8 @@ class ShardActor(StubActor):
         out = []
         for e in self.entries:
             extents = dict(zip(e.hf, e.hf_shapes))
-            for r in shard_regions(e, self.shards[e.mcore], self.arch, self.rank, self.tp):
+            split = self.topo.split(e)
+            for r in shard_regions(e, self.shards[e.mcore], self.arch, self.rank % split, split):
                 out.append(WeightRegion(r.hf, r.dim, r.start, r.stop, extents[r.hf][r.dim], r.view))
         return out
 
