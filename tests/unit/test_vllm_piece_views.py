@@ -150,3 +150,23 @@ def test_an_expert_parallel_actor_fills_vllms_experts_and_with_expert_parallel_f
             others = {n for n in hf if ".experts." in n and ".shared_expert" not in n
                       and int(n.split(".experts.")[1].split(".")[0]) // per != rank}
             assert remote == others
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_torch_engine_piece_views_take_an_expert_parallel_actors_experts_from_their_ranks(grouped):
+    """The torch engine holds every expert on every rank: an ep2 actor's pieces (either expert naming) cover it, the
+    shared weights and rank 0's experts from rank 0's pieces, rank 1's experts from rank 1's, and a rank's pieces
+    write nothing but their own weights."""
+    arch = arch_from_hf(MOE8_CFG)
+    hf = random_hf(arch)
+    engine = TorchRolloutEngine(MOE8_CFG)
+    before = {n: t.clone() for n, t in engine.named_weights().items()}
+    mine = [_piece(r) for r in ep_rank_regions(arch, hf, 2, 0, grouped)]
+    theirs = [_piece(r) for r in ep_rank_regions(arch, hf, 2, 1, grouped) if ".experts." in r.name
+              and ".shared_expert" not in r.name]
+    fill(mine, engine.piece_views(mine), hf)
+    after = engine.named_weights()
+    assert {n for n in hf if not torch.equal(after[n], before[n])} == {p.name for p in mine}
+    fill(theirs, engine.piece_views(theirs), hf)
+    assert all(torch.equal(engine.named_weights()[n], t) for n, t in hf.items())
+    assert len(mine) + len(theirs) == len(hf)
