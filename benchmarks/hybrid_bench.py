@@ -306,7 +306,10 @@ def hybrid_run(args: argparse.Namespace, model_dir: str, peers: dict | None = No
         "sync_total_seconds": statistics.median(m["timing_s/reshard"] for m in steady),
         "sync_streamed_seconds": times["streamed"]["timing_s/reshard_stream"],
         "direct_bytes_fraction": steady[-1]["reshard/direct_bytes"] / steady[-1]["reshard/bytes"],
-        "direct_graph": steady[-1].get("reshard/direct_graph", 0.0),
+        # the share of syncs that ran the copy as a CUDA graph: with param offload (preset 0.5b_1gpu) a sync whose
+        # storages sit at addresses not seen before copies eagerly (hybridrl/hybrid/direct.py)
+        "direct_graph": statistics.fmean(m.get("reshard/direct_graph", 0.0) for m in steady),
+        "direct_captures": sum(m.get("reshard/direct_captured", 0.0) for m in steady),
         "sync_check_seconds": statistics.median(m["timing_s/sync_check"] for m in steady),
         "sync_bytes": steady[0]["reshard/bytes"], "d2d_bytes_per_s": bandwidth,
         "direct_copy_seconds": ablation, "gen_tokens": float(out.batch["response_mask"].sum()),
