@@ -81,7 +81,8 @@ def test_grouped_and_sequential_te_experts_export_bitwise_and_agree(model_dir, l
     report = {f"grouped_vs_hf_{k}": gap(out[0]["log_probs"], hf_reference(model_dir, batch, d), mask)
               for k, d in (("bf16", torch.bfloat16), ("fp32", torch.float32))}
     report["grouped_vs_sequential_logp"] = gap(out[0]["log_probs"], out[1]["log_probs"], mask)
-    steps = [a.update_policy(ppo_data(grouped, seed=3)) for a in (grouped, sequential)]
+    data = ppo_data(grouped, seed=3)  # once, before either update: both update from the same batch and weights
+    steps = [a.update_policy(data) for a in (grouped, sequential)]
     report["pg_loss"] = [s["actor/pg_loss"] for s in steps]
     report["grad_norm"] = [s["actor/grad_norm"] for s in steps]
     print("\n[moe te] " + json.dumps(report))
