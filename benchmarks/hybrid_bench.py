@@ -306,7 +306,10 @@ def hybrid_run(args: argparse.Namespace, model_dir: str, peers: dict | None = No
         "sync_total_seconds": statistics.median(m["timing_s/reshard"] for m in steady),
         "sync_streamed_seconds": times["streamed"]["timing_s/reshard_stream"],
         "direct_bytes_fraction": steady[-1]["reshard/direct_bytes"] / steady[-1]["reshard/bytes"],
-        "direct_graph": steady[-1].get("reshard/direct_graph", 0.0),
+        # the share of syncs that ran the copy as a CUDA graph: with param offload (preset 0.5b_1gpu) a sync whose
+        # storages sit at addresses not seen before copies eagerly (hybridrl/hybrid/direct.py)
+        "direct_graph": statistics.fmean(m.get("reshard/direct_graph", 0.0) for m in steady),
+        "direct_captures": sum(m.get("reshard/direct_captured", 0.0) for m in steady),
         "sync_check_seconds": statistics.median(m["timing_s/sync_check"] for m in steady),
         "sync_bytes": steady[0]["reshard/bytes"], "d2d_bytes_per_s": bandwidth,
         "direct_copy_seconds": ablation, "gen_tokens": float(out.batch["response_mask"].sum()),
@@ -352,7 +355,7 @@ def copy_ablation(direct, repeats: int = 20) -> dict[str, float]:
     for name, graph, limit in (("eager", False, default), ("graph_foreach_0", True, 0),
                                ("graph_foreach_4mib", True, 4 << 20), ("graph_foreach_all", True, 1 << 62)):
         d.FOREACH_MAX_BYTES = limit
-        direct._use_graph, direct._graph_key, direct._captures = graph, None, 0
+        direct.reset(graph)
         times = []
         for _ in range(repeats):
             torch.cuda.synchronize()
@@ -362,7 +365,7 @@ def copy_ablation(direct, repeats: int = 20) -> dict[str, float]:
             times.append(time.perf_counter() - start)
         out[name] = statistics.median(times)
     d.FOREACH_MAX_BYTES = default
-    direct._use_graph, direct._graph_key, direct._captures = True, None, 0
+    direct.reset(True)
     return out
 
 

@@ -43,7 +43,12 @@ SHAPES = {  # Qwen2.5 shapes; weights are random
 }
 # Qwen3-MoE shapes (issue 20): Qwen3-30B-A3B's layer (head_dim 128, q/k norms, normalised top-k, untied head)
 # scaled down. moe_1b: 1.28B total, 0.49B active per token (printed by `model`); moe_tiny: the CPU dry run's.
+# moe_8b (issue 38's four-GPU shape): Qwen3-30B-A3B's width, expert width and 64 experts top-8 over 24 layers:
+# 8.12B total, 1.16B active per token outside the two embedding tables (1.78B with them).
 MOE_SHAPES = {
+    "moe_8b": dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+                   num_experts=64, num_experts_per_tok=8, num_hidden_layers=24, num_attention_heads=16,
+                   num_key_value_heads=4, head_dim=128, tie_word_embeddings=False),
     "moe_1b": dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, moe_intermediate_size=768,
                    num_experts=32, num_experts_per_tok=4, num_hidden_layers=12, num_attention_heads=16,
                    num_key_value_heads=4, head_dim=128, tie_word_embeddings=False),

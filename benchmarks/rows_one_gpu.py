@@ -357,7 +357,7 @@ def row(name: str, what: str, steps, **kw) -> Run:
 
 # tests/gpu files run on their own (the modes above run some of them among other steps); GPUs each needs
 GPU_TESTS = {"test_controller_gpu": 1, "test_megatron_gpu": 1, "test_vllm_hybrid": 1, "test_agent_vllm": 1,
-             "test_megatron_te": 1, "test_vllm_moe": 1, "test_megatron_adam_trajectory": 1,
+             "test_megatron_te": 1, "test_megatron_moe_te": 1, "test_vllm_moe": 1, "test_megatron_adam_trajectory": 1,
              "test_megatron_master_weights": 1, "test_vllm_lora": 1, "test_megatron_cp": 2, "test_megatron_layouts_gpu": 2,
              "test_weight_broadcast_nccl": 2}
 

@@ -9,7 +9,8 @@ files it writes, its knobs, and its CPU dry run where one exists.
 A row is a function that yields its steps (runner.py performs them: each command under its cap, its log in
 OUT/STEP.log; OUT defaults to $OUT, else /tmp/out; results go to OUT/results). The rows live beside the code they
 run: rows_one_gpu.py (tests/gpu, rollout, gap, GRPO, agent, speed, MoE, scale, LoRA), rows_two_gpu.py (issue 8's layouts,
-issue 21's split placement), peer_verl/rows.py (verl side by side), and below, the runners that are tables of their
+issue 21's split placement), rows_moe.py (issue 38: MoE with TE grouped GEMM on one GPU, ep4 on four),
+peer_verl/rows.py (verl side by side), and below, the runners that are tables of their
 own (four_gpu.py, async_rl.py, agent_tools.py, two_nodes.py, reward_model_bench.py), one row per entry of theirs.
 A knob is a row's parameter with a default (`show` lists them): `--set KNOB=V`, or the environment variable KNOB as the
 shell runners read it. Shell is for staging only: gpu_run.sh stage (the offline bundle), the bundle's unpack.sh,
@@ -29,6 +30,7 @@ sys.path.insert(0, HERE)
 import agent_tools  # noqa: E402  (benchmarks/: this script's folder)
 import async_rl  # noqa: E402
 import four_gpu  # noqa: E402
+import rows_moe  # noqa: E402
 import rows_one_gpu  # noqa: E402
 import rows_two_gpu  # noqa: E402
 import two_nodes  # noqa: E402
@@ -148,7 +150,7 @@ TABLES = [
         command("benchmarks/probes/vllm_stop_token_probe.py"), env=ENV),
 ]
 
-ALL = rows_one_gpu.ROWS + rows_two_gpu.ROWS + peer_rows.ROWS + TABLES
+ALL = rows_one_gpu.ROWS + rows_two_gpu.ROWS + rows_moe.ROWS + peer_rows.ROWS + TABLES
 RUNS = {r.name: r for r in ALL}
 assert len(RUNS) == len(ALL), "run names must be unique"
 

@@ -11,7 +11,9 @@ offload/onload seconds and bytes, on a Qwen2.5-shaped random model (0.5B by defa
 MFU = model FLOPs / (seconds * peak), peak = 989 TFLOP/s (H100 SXM dense bf16), with
     model FLOPs = 6 * N * tokens + 6 * L * d_attn * sum_i(s_i^2)
 N counts the weights used in matmuls (transformer layers + the vocab projection; the input embedding is a
-lookup), tokens the valid (unpadded) tokens of the update, s_i the valid length of sample i, L layers,
+lookup; for a mixture of experts --model-dir the active ones: router, the top-k routed experts, a shared expert,
+hybridrl.trainer.metrics.matmul_params, reported as moe_mfu_active), tokens the valid (unpadded) tokens of the
+update, s_i the valid length of sample i, L layers,
 d_attn = heads * head_dim; the second term is causal attention (QK^T and AV, forward + backward = 3x the
 forward's 2 * s^2 * d_attn per layer). Padding the micro-batches costs real time but counts as no work.
 
@@ -167,7 +169,12 @@ def spread_rollout_batch(n: int, prompt: tuple[int, int], response: tuple[int, i
             "responses": ids[:, P:].clone(), "response_mask": resp_mask}
 
 
-def model_flops(arch, lengths: torch.Tensor) -> float:
+def model_flops(arch, lengths: torch.Tensor, hf_config: dict | None = None) -> tuple[float, int]:
+    """(FLOPs of one forward+backward, N); a mixture of experts counts its active weights (hf_config needed)."""
+    if arch.is_moe:
+        from hybridrl.trainer.metrics import causal_training_flops, matmul_params
+
+        return causal_training_flops(hf_config, lengths.tolist()), matmul_params(hf_config)
     h, f, L = arch.hidden_size, arch.ffn_hidden_size, arch.num_layers
     d_q, d_kv = arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
     per_layer = h * (d_q + 2 * d_kv) + d_q * h + 3 * h * f  # qkv, out proj, gate/up/down
@@ -323,7 +330,7 @@ def main() -> None:
         on = actor.onload(params=True, grads=True, optimizer=True)
 
     lengths = batch["attention_mask"].sum(1)
-    flops, n_matmul = model_flops(actor.arch, lengths)
+    flops, n_matmul = model_flops(actor.arch, lengths, actor.hf_config.to_dict())
     update_s = sum(seconds) / len(seconds)
     mean = {k: sum(v) / len(v) if v else 0.0 for k, v in parts.items()}
     tokens = int(lengths.sum())
@@ -369,6 +376,9 @@ def main() -> None:
                                  "backward passes only: no optimizer step, no optimizer-state onload; train_mfu (and "
                                  "train_mfu_7b_whole_update, issue 39's) over the whole update"},
     }
+    if actor.arch.is_moe:  # issue 38's measure: active-parameter FLOPs over the forward and backward
+        result["metrics"]["moe_mfu_active"] = result["metrics"]["train_mfu_forward_backward"]
+        result["setup"]["experts"] = _experts(actor)
     if args.shape == "7b":
         result["metrics"]["train_mfu_7b"] = result["metrics"]["train_mfu_forward_backward"]
         if args.offload_optimizer:  # issue 39: the optimizer state's onload and the step included
@@ -399,6 +409,15 @@ def main() -> None:
     if args.profile:  # after the result is out, so the profiled update is not in it; through update(), which moves
         profile_update(update, args.profile)  # the optimizer state off first with --offload-optimizer (7B: OOM)
     torch.distributed.destroy_process_group()
+
+
+def _experts(actor) -> str:
+    from hybridrl.adapters.megatron.weights import topology
+
+    a = actor.arch
+    grouped = topology(actor.engine.chunks, actor.layout, value_head=False).grouped_experts
+    return (f"{a.num_experts} experts, top-{a.moe_topk}, width {a.moe_ffn_hidden_size}: "
+            + ("one grouped GEMM a layer (TE)" if grouped else "one GEMM per expert"))
 
 
 def _uses_te(actor) -> bool:

@@ -121,8 +121,12 @@ def transformer_config(arch: ModelArch, layout: ParallelLayout, *, recompute: bo
         recompute_method="uniform" if recompute else None,
         recompute_num_layers=1 if recompute else None,
     )
-    kwargs.update(moe.transformer_kwargs(arch, layout))
+    kwargs.update(moe.transformer_kwargs(arch, layout, te))
     kwargs.update(overrides or {})
+    if kwargs.get("moe_grouped_gemm") and not te:
+        raise ValueError("override_transformer_config.moe_grouped_gemm=true needs transformer-engine layers (TE's "
+                         "GroupedLinear; megatron's legacy GroupedMLP is not supported): set "
+                         "*.megatron.transformer_impl=transformer_engine on a GPU, or remove moe_grouped_gemm")
     if "attention_backend" in kwargs:  # YAML gives a name; megatron wants its enum
         kwargs["attention_backend"] = attention.to_megatron(kwargs["attention_backend"])
     return TransformerConfig(**kwargs)
@@ -133,9 +137,9 @@ def layer_spec(arch: ModelArch, config: Any, impl: str = "local") -> Any:
     unless config.attention_backend asks for megatron's unfused kernel; packed sequences either way)."""
     from megatron.core.models.gpt import gpt_layer_specs as specs
 
-    if impl == "transformer_engine":  # grouped-GEMM experts need TE (or the grouped_gemm package)
+    if impl == "transformer_engine":  # MoE: TE's grouped GEMM experts (weight0..N) unless moe_grouped_gemm=false
         return specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=arch.qk_norm, num_experts=arch.num_experts,
-                                                                moe_grouped_gemm=arch.is_moe)
+                                                                moe_grouped_gemm=bool(config.moe_grouped_gemm))
     spec = specs.get_gpt_layer_local_spec(qk_layernorm=arch.qk_norm, normalization="RMSNorm",
                                           num_experts=arch.num_experts)
     spec.submodules.self_attention.submodules.core_attention = attention.sdpa_attention_class()

@@ -34,8 +34,10 @@ from .hf_config import ModelArch
 METRICS = {"load_balancing_loss": "moe_load_balancing_loss", "z_loss": "moe_z_loss"}
 
 
-def transformer_kwargs(arch: ModelArch, layout: ParallelLayout) -> dict[str, Any]:
-    """TransformerConfig fields of an MoE model ({} for a dense one); override_transformer_config wins."""
+def transformer_kwargs(arch: ModelArch, layout: ParallelLayout, te: bool = False) -> dict[str, Any]:
+    """TransformerConfig fields of an MoE model ({} for a dense one); override_transformer_config wins. `te`: the
+    transformer-engine spec, whose experts run as one grouped GEMM a layer (TE's GroupedLinear) by default; the local
+    spec runs them one after another (SequentialMLP)."""
     if not arch.is_moe:
         return {}
     shared = arch.shared_expert_ffn_hidden_size
@@ -54,6 +56,7 @@ def transformer_kwargs(arch: ModelArch, layout: ParallelLayout) -> dict[str, Any
         moe_token_dispatcher_type="alltoall",
         expert_model_parallel_size=layout.ep,
         expert_tensor_parallel_size=layout.expert_tp,
+        moe_grouped_gemm=te,
     )
 
 

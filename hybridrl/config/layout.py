@@ -111,7 +111,8 @@ class RunConfig:
             describe_machine(d.device, d.world_size, c.trainer),
             f"actor layout: {a.describe()}"
             + (f" ep={a.ep} etp={a.expert_tp} expert_dp={a.expert_dp}" if a.ep > 1 or a.etp else ""),
-            f"rollout: {d.rollout.engine} tp_g={d.rollout.tp} dp_g={d.rollout.dp} n={d.rollout.n}",
+            f"rollout: {d.rollout.engine} tp_g={d.rollout.tp} dp_g={d.rollout.dp} n={d.rollout.n}"
+            + (f" ep_g={d.rollout.ep} (whole experts per rank)" if d.rollout.ep > 1 else ""),
             *([d.placement.describe()] if d.placement.split else []),
             f"batch: {c.data.train_batch_size} prompts x n={d.rollout.n} = {b.samples_per_step} samples/step; "
             f"{b.mini_batches_per_epoch} mini-batch(es) of {b.mini_batch_samples} samples x {b.ppo_epochs} epoch(s) "

@@ -17,6 +17,7 @@ class RolloutLayout:
     tp: int  # tp_g
     dp: int  # dp_g
     n: int
+    ep: int = 1  # rollout.expert_parallel_size: 1, or tp_g (whole experts per rank)
 
 
 def check_rollout(cfg: PPOConfig, device: str, world: int, p: Problems, placement: Placement) -> RolloutLayout:
@@ -46,6 +47,12 @@ def check_rollout(cfg: PPOConfig, device: str, world: int, p: Problems, placemen
     p.check(r.pipeline_model_parallel_size == 1, f"{key}.pipeline_model_parallel_size must be 1 (the rollout engine is not pipelined)")
     p.check(r.data_parallel_size in (1, dp_g),
             f"{key}.data_parallel_size={r.data_parallel_size}: the rollout replicas are world/tp_g = {dp_g}; leave it at 1")
+    ep_g = r.expert_parallel_size
+    p.check(ep_g in (1, tp_g), f"{key}.expert_parallel_size={ep_g} must be 1 (experts split like the other weights) or "
+                               f"{key}.tensor_model_parallel_size={tp_g} (whole experts per rank: vLLM's expert "
+                               "parallel inside a replica)")
+    if ep_g > 1 and engine == "torch":
+        p.notes.append(f"{key}.expert_parallel_size={ep_g} has no effect on the torch engine (it holds every expert)")
     p.check(r.n >= 1, f"{key}.n={r.n} must be >= 1")
     p.check(r.temperature >= 0, f"{key}.temperature={r.temperature} must be >= 0")
     p.check(0 < r.top_p <= 1, f"{key}.top_p={r.top_p} must be in (0, 1]")
@@ -68,7 +75,7 @@ def check_rollout(cfg: PPOConfig, device: str, world: int, p: Problems, placemen
                        f"runs with {key}.multi_turn; overlap with training: trainer.one_step_off_policy)")
     else:
         choices(f"{key}.mode", r.mode, ["sync", "async"], p)
-    return RolloutLayout(engine, tp_g, dp_g, max(r.n, 1))
+    return RolloutLayout(engine, tp_g, dp_g, max(r.n, 1), ep=ep_g if ep_g in (1, tp_g) else 1)
 
 
 # ---------------------------------------------------------------------------------------------- batches

@@ -129,6 +129,11 @@ def _check_transformer_impl(key: str, m: MegatronConfig, device: str, te_availab
                            f"{key}.transformer_impl=transformer_engine on a GPU (trainer.device=cuda) with transformer_engine "
                            "installed, or set context_parallel_size=1")
     overrides = m.override_transformer_config or {}
+    p.check(not overrides.get("moe_grouped_gemm") or te,
+            f"{key}.override_transformer_config.moe_grouped_gemm=true runs a mixture of experts' experts as "
+            f"transformer-engine's grouped GEMM: set {key}.transformer_impl=transformer_engine on a GPU "
+            "(trainer.device=cuda) with transformer_engine installed, or remove moe_grouped_gemm (the TE spec "
+            "groups the experts by default; the local spec runs them one after another)")
     fp8, recipe = overrides.get("fp8"), overrides.get("fp8_recipe")
     if fp8 is not None:
         _choices(f"{key}.override_transformer_config.fp8", str(fp8), list(FP8_FORMATS), p)

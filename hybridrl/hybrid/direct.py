@@ -11,10 +11,16 @@ on the weights that passed everywhere (a fused group, e.g. vLLM's qkv_proj, pass
 Only those are copied directly from then on; the rest keep streaming through the export. Each later
 sync checks the sampled weights' destination sums against their sources (`check`).
 
-Speed: a sync is a few hundred copies; one big memcpy of the same bytes is the floor. Small dense pairs
-(norms, biases) go through one `_foreach_copy_` (a few kernels instead of a memcpy each), the rest one
-copy each. On CUDA the whole set is captured once in a CUDA graph and replayed as one launch
-(recaptured when a storage moved, as param offload can make it; after a few recaptures it stays eager).
+Speed: a sync is a few hundred copies (over a thousand for a mixture of experts: three per routed expert);
+one big memcpy of the same bytes is the floor. Small dense pairs (norms, biases, most routed experts' pieces) go
+through one `_foreach_copy_` (a few kernels instead of a memcpy each), the rest one copy each. On CUDA the whole
+set runs as a CUDA graph, one per storage layout (the addresses of the actor's and the engine's storages).
+A graph is captured for the first layout and for any layout seen before; a layout seen for the first time is
+copied eagerly. Param offload re-allocates the actor's storages on every onload, often at other addresses: a
+capture costs an eager copy (the warm-up), the capture itself and the replay, several times the copy, so
+capturing at every move made a sync cost its capture (moe_grpo.md, 2026-11-25: 8-13 ms against 2.6 ms for the
+one step whose storages stayed put). Layouts that come back (the allocator tends to hand out the same few
+blocks) replay their graph; at most MAX_GRAPHS are kept.
 """
 from __future__ import annotations
 
@@ -30,7 +36,7 @@ from hybridrl.adapters.base import WeightRegion
 from .checks import WeightSyncError, is_sampled, tensor_checksum
 
 log = logging.getLogger(__name__)
-MAX_RECAPTURES = 3
+MAX_GRAPHS = 4  # storage layouts with a captured graph, kept for replay
 FOREACH_MAX_BYTES = 4 << 20
 
 
@@ -41,6 +47,26 @@ class CopyPair:
     src: torch.Tensor  # a view of the actor's parameter
 
 
+class GraphLayouts:
+    """Which storage layouts (tuples of storage addresses) run as a captured CUDA graph (module docstring):
+    `choose(key)` says "replay", "capture" or "eager" for this sync and records the choice."""
+
+    def __init__(self, limit: int = MAX_GRAPHS) -> None:
+        self.limit = limit
+        self.captured: set[tuple[int, ...]] = set()
+        self.seen: set[tuple[int, ...]] = set()  # copied eagerly once
+
+    def choose(self, key: tuple[int, ...]) -> str:
+        if key in self.captured:
+            return "replay"
+        first = not self.captured and not self.seen
+        if (first or key in self.seen) and len(self.captured) < self.limit:
+            self.captured.add(key)
+            return "capture"
+        self.seen.add(key)
+        return "eager"
+
+
 class DirectCopy:
     """The proven copies of one run; `run()` performs them all."""
 
@@ -48,41 +74,51 @@ class DirectCopy:
         self.pairs = pairs
         self.names = {p.name for p in pairs}
         self.bytes = sum(p.dst.numel() * p.dst.element_size() for p in pairs)
-        self._use_graph = graph and bool(pairs) and pairs[0].dst.is_cuda and pairs[0].src.is_cuda
-        self._graph: Optional[torch.cuda.CUDAGraph] = None
-        self._graph_key: Optional[tuple[int, ...]] = None
-        self._captures = 0
         self._split_at: Optional[int] = None
         self._split_cache: tuple = (([], []), [])
         # one tensor per storage: its data_ptr moves when the storage is re-allocated (offload/onload)
         by_storage = {t.untyped_storage().data_ptr(): t for p in pairs for t in (p.dst, p.src)}
         self._storages = list(by_storage.values())
+        self.reset(graph)
+
+    def reset(self, graph: bool = True) -> None:
+        """Forget the captured graphs; `graph`: run as CUDA graphs from now on (where the tensors are on CUDA)."""
+        pairs = self.pairs
+        self._use_graph = graph and bool(pairs) and pairs[0].dst.is_cuda and pairs[0].src.is_cuda
+        self._graphs: dict[tuple[int, ...], torch.cuda.CUDAGraph] = {}
+        self._layouts = GraphLayouts()
+        self._warm = self._told = False
+        self.last = "eager"  # what the last run did: replay | capture | eager
 
     @property
     def graphed(self) -> bool:
-        """The last run replayed a captured CUDA graph."""
-        return self._use_graph and self._graph is not None
+        """The last run replayed a CUDA graph (captured in that run or before)."""
+        return self.last in ("replay", "capture")
 
     @torch.no_grad()
     def run(self) -> None:
         if not self._use_graph:
+            self.last = "eager"
             self._copy()
             return
         key = tuple(t.data_ptr() for t in self._storages)
-        if key != self._graph_key:
-            if self._captures >= MAX_RECAPTURES:
-                log.info("direct weight copy: storages keep moving (param offload?); copying eagerly from now on")
-                self._use_graph, self._graph = False, None
-                self._copy()
-                return
+        self.last = self._layouts.choose(key)
+        if self.last == "capture":
             try:
-                self._capture(key)
+                self._graphs[key] = self._capture()
             except RuntimeError as e:  # a capture problem must not cost the run: the eager copy is the same
                 log.warning("direct weight copy: CUDA graph capture failed (%s); copying eagerly", e)
-                self._use_graph, self._graph = False, None
+                self._use_graph, self.last = False, "eager"
                 self._copy()
                 return
-        self._graph.replay()
+        if self.last == "eager":
+            if len(self._layouts.captured) >= self._layouts.limit and not self._told:
+                log.info("direct weight copy: %d storage layouts captured and the storages keep moving (param "
+                         "offload?); other layouts are copied eagerly", self._layouts.limit)
+                self._told = True
+            self._copy()
+            return
+        self._graphs[key].replay()
 
     def _copy(self) -> None:
         small, rest = self._split()
@@ -102,17 +138,18 @@ class DirectCopy:
             self._split_at = FOREACH_MAX_BYTES
         return self._split_cache
 
-    def _capture(self, key: tuple[int, ...]) -> None:
+    def _capture(self) -> torch.cuda.CUDAGraph:
         graph = torch.cuda.CUDAGraph()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up outside capture, as torch recommends
-            self._copy()
-        torch.cuda.current_stream().wait_stream(side)
+        if not self._warm:  # warm-up outside capture, as torch recommends (once: later captures find it done)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self._copy()
+            torch.cuda.current_stream().wait_stream(side)
+            self._warm = True
         with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             self._copy()
-        self._graph, self._graph_key = graph, key
-        self._captures += 1
+        return graph
 
     @torch.no_grad()
     def check(self, step: int, fraction: float, group_of: Callable[[str], str]) -> dict[str, float]:

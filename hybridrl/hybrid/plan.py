@@ -13,6 +13,9 @@ hybridrl.hybrid.weight_sync) runs two collectives per pipeline stage and bucket:
   1. TP all-gather inside each tp group: the stage's tensor-parallel shards -> full tensors;
   2. PP broadcast along each pp group from the stage that owns the layer, so every rank of every
      stage ends with the full HF tensor.
+A mixture of experts' routed experts are laid out apart (megatron's expert order "tp-ep-dp-pp" over the same ranks,
+with etp in tp's place): each rank holds 1/ep of them, split over etp; the export gathers them over etp, then
+all-gathers each bucket's experts over the ep group.
 Data-parallel replicas hold equal copies and talk to nobody. Every rank then hands the full tensors
 to its engine, which keeps its tp_g shard (vLLM) or all of it (the torch engine does not shard).
 """
@@ -50,6 +53,8 @@ class ReshardPlan:
     dp: int
     tp_g: int
     cp: int = 1
+    ep: int = 1  # routed experts over ep ranks of each stage (MoE), each split over etp
+    etp: Optional[int] = None  # None: tp
 
     def __post_init__(self) -> None:
         for key, value in (("tp", self.tp), ("pp", self.pp), ("dp", self.dp), ("cp", self.cp), ("tp_g", self.tp_g)):
@@ -66,7 +71,8 @@ class ReshardPlan:
     @classmethod
     def from_layouts(cls, train: Any, rollout: Any, hf_config: Optional[Any] = None) -> "ReshardPlan":
         """From hybridrl.config.validate's ParallelLayout (actor) and RolloutLayout."""
-        plan = cls(train.world_size, train.tp, train.pp, train.dp, rollout.tp, getattr(train, "cp", 1))
+        plan = cls(train.world_size, train.tp, train.pp, train.dp, rollout.tp, getattr(train, "cp", 1),
+                   getattr(train, "ep", 1), getattr(train, "etp", None))
         if hf_config is not None:
             plan.check_model(hf_config)
         return plan
@@ -124,8 +130,18 @@ class ReshardPlan:
         return tuple(tuple(self.train_rank(t, c, d, p) for p in range(self.pp))
                      for d in range(self.dp) for c in range(self.cp) for t in range(self.tp))
 
+    def ep_groups(self) -> tuple[tuple[int, ...], ...]:
+        """The expert-parallel groups: rank = etp_rank + etp * (ep_rank + ep * (expert_dp_rank + expert_dp * pp_rank))."""
+        etp = self.etp or self.tp
+        edp = self.world_size // (self.pp * self.ep * etp)
+        return tuple(tuple(t + etp * (e + self.ep * (d + edp * p)) for e in range(self.ep))
+                     for p in range(self.pp) for d in range(edp) for t in range(etp))
+
     def collective_steps(self) -> list[CollectiveStep]:
         steps = []
+        if self.ep > 1:
+            steps.append(CollectiveStep("ep_all_gather", self.ep_groups(),
+                                        f"gather each bucket's routed experts from the {self.ep} expert-parallel ranks"))
         if self.tp > 1:
             steps.append(CollectiveStep("tp_all_gather", self.tp_groups(),
                                         f"gather {self.tp} tensor-parallel shards into full tensors, per stage"))
@@ -159,5 +175,6 @@ class ReshardPlan:
         if model_bytes is not None:
             b = self.bytes_per_sync(model_bytes)
             lines.append(f"  bytes/sync: {b['streamed_per_rank'] / 2**20:.1f} MiB into each engine, "
-                         f"<= {b['received_per_rank'] / 2**20:.1f} MiB received per rank")
+                         f"<= {b['received_per_rank'] / 2**20:.1f} MiB received per rank"
+                         + (f", plus the routed experts of the other {self.ep - 1} ep rank(s)" if self.ep > 1 else ""))
         return "\n".join(lines)

@@ -269,6 +269,8 @@ class WeightSync:
         copied = (direct.bytes if direct is not None else 0) + received
         return {"timing_s/reshard_stream": time.perf_counter() - start, "reshard/bytes": float(total + copied),
                 "reshard/direct_bytes": float(copied), "reshard/direct_graph": float(direct is not None and direct.graphed),
+                # this sync captured the copy's CUDA graph (a storage layout seen before: direct.py), so it cost more
+                "reshard/direct_captured": float(direct is not None and direct.last == "capture"),
                 "reshard/remote_bytes": float(received),
                 "reshard/remote_sent_bytes": float(remote.sent_bytes if remote is not None else 0),
                 "reshard/remote_rounds": float(len(remote.rounds) if remote is not None else 0),

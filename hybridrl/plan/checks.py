@@ -21,6 +21,7 @@ VPP = f"{ARA}.actor.megatron.virtual_pipeline_model_parallel_size"
 ROLLOUT_TP = f"{ARA}.rollout.tensor_model_parallel_size"
 EP = f"{ARA}.actor.megatron.expert_model_parallel_size"
 ETP = f"{ARA}.actor.megatron.expert_tensor_parallel_size"
+ROLLOUT_EP = f"{ARA}.rollout.expert_parallel_size"
 UTIL = f"{ARA}.rollout.gpu_memory_utilization"
 
 
@@ -86,11 +87,17 @@ def shape_problems(run: RunConfig, shape: ModelShape) -> list[Problem]:
 
 
 def _expert_problems(run: RunConfig, shape: ModelShape) -> list[Problem]:
-    a, name = run.derived.actor, f"({shape.name})"
+    a, r, name = run.derived.actor, run.derived.rollout, f"({shape.name})"
     if not shape.is_moe:
-        return [Problem(EP, f"{EP}={a.ep} / {ETP}={a.etp}: {name} is a dense model without experts; leave them unset")
-                ] if a.ep > 1 or a.etp not in (None, a.tp) else []
+        dense = [Problem(EP, f"{EP}={a.ep} / {ETP}={a.etp}: {name} is a dense model without experts; leave them unset")
+                 ] if a.ep > 1 or a.etp not in (None, a.tp) else []
+        return dense + ([Problem(ROLLOUT_EP, f"{ROLLOUT_EP}={r.ep}: {name} is a dense model without experts; set it "
+                                             "to 1")] if r.ep > 1 else [])
     out = []
+    if shape.num_experts % r.ep:
+        out.append(Problem(ROLLOUT_EP, f"num_experts={shape.num_experts} {name} is not divisible by {ROLLOUT_EP}={r.ep}: "
+                                       "vLLM gives every rank of a replica the same number of whole experts; set it "
+                                       "to 1 (each expert split over the replica)"))
     if shape.num_experts % a.ep:
         eps = ", ".join(str(e) for e in _divisors(shape.num_experts) if (a.world_size // a.pp) % (e * a.expert_tp) == 0)
         out.append(Problem(EP, f"num_experts={shape.num_experts} {name} is not divisible by {EP}={a.ep}: every ep rank "

@@ -45,6 +45,7 @@ from .checks import Problem
 from .estimate import activation_setup, recompute_enabled
 from .memory import COMPONENTS, PHASES, GiB, MemoryPlan, alltoall_bytes
 from .model_shape import ModelShape
+from .step_time import grouped_experts
 
 FORMAT = "hybridrl.plan/1"
 KEYS = ("format", "ok", "gpu_memory_bytes", "overhead_bytes", "model", "layout", "phases", "peak", "kv_cache",
@@ -131,7 +132,9 @@ def _experts_line(run: RunConfig, shape: ModelShape) -> str:
     return (f"experts: {shape.num_experts} x top-{shape.moe_topk} of width {shape.moe_ffn_hidden_size}: "
             f"{shape.expert_params / 1e9:.2f}B expert params, {shape.active_params / 1e9:.2f}B active per token; "
             f"{shape.num_experts // max(a.ep, 1)} experts per GPU (ep={a.ep}, etp={a.expert_tp}, expert dp={a.expert_dp}); "
-            f"all-to-all buffers {buffers / 2**20:.0f} MiB per MoE layer and micro-batch")
+            f"all-to-all buffers {buffers / 2**20:.0f} MiB per MoE layer and micro-batch; "
+            + ("one grouped GEMM a layer (transformer-engine)" if grouped_experts(run)
+               else "one GEMM per expert (local spec or moe_grouped_gemm=false)"))
 
 
 def verdict(plan: MemoryPlan, problems: list[Problem], notes: list[str], device: str) -> str:

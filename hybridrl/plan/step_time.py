@@ -11,7 +11,10 @@ tokens, N matmul weights, L layers, dp/tp/pp/cp/ep the actor's layout, tp_g/dp_g
                    stages' weights, over the network where the pipeline spans nodes
     log-prob pass  2 N T/dp / (tp pp cp) FLOPs at forward_mfu x tp_efficiency x pipeline fill, once for the old
                    log-probs and once more for the reference; MoE: the tokens' all-to-all over ep
-    update         6 N T/dp / (tp pp cp) FLOPs at train_mfu x tp_efficiency x pipeline fill (8 N with full recompute),
+    update         6 N T/dp / (tp pp cp) FLOPs at train_mfu x tp_efficiency x pipeline fill (8 N with full recompute;
+                   MoE: N counts the active weights, and the routed experts' share runs at train_mfu x
+                   expert_efficiency: one grouped GEMM a layer on the transformer-engine spec, one GEMM per expert on
+                   the local one),
                    the gradients' reduce-scatter + all-gather over dp (NVLink inside a node, the network when the dp
                    group spans nodes), pipeline sends, cp's KV exchange, MoE all-to-all; with optimizer_offload the
                    optimizer state's copy back from the host (its way out is part of generation's wake/sleep)
@@ -21,7 +24,10 @@ spans nodes when its stride times its size exceeds a node.
 MFU grows with the model's width (bigger GEMMs): it is interpolated in log2(hidden_size) between the calibration
 points below and held beyond them. The constants come from the runs in benchmarks/results/plan_calibration.json
 (dated); tests/unit/test_plan_search.py checks the model against every row (`plan_step_time_error_max`).
-tp_efficiency is a guess (not measured apart from the step times it is checked against).
+tp_efficiency is a guess (not measured apart from the step times it is checked against), and so are the experts'
+efficiencies (grouped_experts_efficiency, sequential_experts_efficiency) until issue 38's MoE rows calibrate them.
+A GPU's training state counts its own experts: dense weights over tp x pp, routed experts over pp x ep x etp; their
+optimizer state is sharded over dp x cp and over the experts' data parallel (expert_dp) respectively.
 """
 from __future__ import annotations
 
@@ -31,6 +37,7 @@ from dataclasses import dataclass
 from hybridrl.config import RunConfig
 
 from .estimate import recompute_enabled
+from .memory import stage_expert_params
 from .model_shape import ModelShape
 
 
@@ -90,6 +97,12 @@ class Costs:
     wake_s_per_gb: float = 0.045
     # guesses (not measured apart from the step times): tensor-parallel efficiency of the training GEMMs
     tp_efficiency: tuple[tuple[int, float], ...] = ((1, 1.0), (2, 0.85), (4, 0.75), (8, 0.6))
+    # guesses until issue 38's rows (benchmarks/results/moe_scale.json) calibrate them: the routed experts' GEMMs
+    # against a dense layer's at the same width, as TE's one grouped GEMM a layer, or one GEMM per expert
+    # (SequentialMLP, the local spec: moe_grpo.json measured an active-parameter MFU of 0.008 over a whole update
+    # of a 1.28B MoE with 32 experts, small micro-batches included)
+    grouped_experts_efficiency: float = 1.0
+    sequential_experts_efficiency: float = 0.1
     other_s: float = 0.1  # reward, advantages, dispatch
 
 
@@ -106,6 +119,21 @@ def _tp_efficiency(costs: Costs, tp: int) -> float:
 def _matmul_params(shape: ModelShape) -> int:
     """Weights a token runs through in matmuls (active experts only; the LM head, not the embedding lookup)."""
     return shape.active_params - shape.embedding_params() + (shape.embedding_params() if shape.tie_word_embeddings else 0)
+
+
+def grouped_experts(run: RunConfig) -> bool:
+    """The actor's routed experts run as one grouped GEMM a layer: the transformer-engine spec (the default where
+    it imports on a GPU; `transformer_impl: null` is taken as TE) unless override_transformer_config turns it off."""
+    m = run.cfg.actor_rollout_ref.actor.megatron
+    te = m.transformer_impl != "local" and run.derived.device == "cuda"
+    return te and (m.override_transformer_config or {}).get("moe_grouped_gemm", True) is not False
+
+
+def _gpu_params(shape: ModelShape, a) -> tuple[float, float]:
+    """(dense, routed-expert) parameters one GPU holds: the dense ones over tp x pp, the experts over pp x ep x etp."""
+    experts = float(stage_expert_params(shape, a.pp, a.ep, a.expert_tp)) if shape.is_moe else 0.0
+    dense = (shape.params - (shape.num_layers * shape.layer_expert_params() if shape.is_moe else 0)) / (a.tp * a.pp)
+    return dense, experts
 
 
 def _link(gpu: GPU, net: Network, stride: int, size: int) -> float:
@@ -133,7 +161,8 @@ def step_seconds(run: RunConfig, shape: ModelShape, gpu: GPU, costs: Costs = Cos
     fill = micro / (micro + a.pp - 1)  # the pipeline's bubble
     eff = _tp_efficiency(costs, a.tp) * fill
     layers = shape.num_layers / a.pp
-    stage_params = shape.params / model_parallel
+    dense_params, expert_params = _gpu_params(shape, a)
+    stage_params = dense_params + expert_params
     recompute = recompute_enabled(cfg.actor_rollout_ref.model, cfg.actor_rollout_ref.actor.megatron)
     passes = 4 if recompute else 3  # forward (again with recompute), backward's two
 
@@ -149,6 +178,12 @@ def step_seconds(run: RunConfig, shape: ModelShape, gpu: GPU, costs: Costs = Cos
     sync = 2 * shape.params / r.tp / gpu.hbm_bytes_per_s
     if a.pp > 1:
         sync += _ring(2 * shape.params / a.tp, a.pp, _link(gpu, net, a.tp * a.cp * a.dp, a.pp))
+    if shape.is_moe and a.ep > 1 and not (r.ep > 1 and r.tp == a.ep):
+        # the engine's experts (1/tp_g of every expert, or whole experts in other blocks than the actor's) are
+        # mostly on other ep ranks: all but 1/ep of them come over NVLink (with vLLM's expert parallel at tp_g = ep
+        # every rank holds exactly its engine's experts)
+        received = (1 - 1 / a.ep) * 2 * shape.num_layers * shape.layer_expert_params() / r.tp
+        sync += received / _link(gpu, net, 1, a.ep)
 
     # the tokens' exchanges: MoE all-to-all over ep, cp's KV ring, pipeline sends (bf16 activations)
     act = per_gpu_tokens * shape.hidden_size * 2
@@ -158,10 +193,16 @@ def step_seconds(run: RunConfig, shape: ModelShape, gpu: GPU, costs: Costs = Cos
     cp_kv = layers * _ring(per_gpu_tokens * 2 * shape.kv_width * 2 * a.cp, a.cp, _link(gpu, net, a.tp, a.cp))
     pp_send = 2 * act / a.tp / _link(gpu, net, a.tp * a.cp * a.dp, a.pp) if a.pp > 1 else 0.0
 
-    forward = 2 * n * per_gpu_tokens / model_parallel / (gpu.peak_flops * _interpolate(costs.forward_mfu, shape.hidden_size) * eff)
+    # the routed experts' share of the active weights runs at its own efficiency (grouped GEMM or one per expert)
+    active_experts = shape.num_layers * shape.moe_topk * 3 * shape.hidden_size * shape.moe_ffn_hidden_size \
+        if shape.is_moe else 0
+    expert_eff = (costs.grouped_experts_efficiency if grouped_experts(run) else costs.sequential_experts_efficiency) \
+        if shape.is_moe else 1.0
+    weighted = n - active_experts + active_experts / expert_eff
+    forward = 2 * weighted * per_gpu_tokens / model_parallel / (gpu.peak_flops * _interpolate(costs.forward_mfu, shape.hidden_size) * eff)
     log_probs = (forward + moe + cp_kv + pp_send) * (2 if d.use_reference else 1)
 
-    train_flops = (passes * 2) * n * per_gpu_tokens / model_parallel * batch.ppo_epochs
+    train_flops = (passes * 2) * weighted * per_gpu_tokens / model_parallel * batch.ppo_epochs
     update = train_flops / (gpu.peak_flops * _interpolate(costs.train_mfu, shape.hidden_size) * eff)
     update += (moe + cp_kv + pp_send) * passes * batch.ppo_epochs
     dense = shape.params - (shape.num_layers * shape.layer_expert_params() if shape.is_moe else 0)
@@ -170,7 +211,7 @@ def step_seconds(run: RunConfig, shape: ModelShape, gpu: GPU, costs: Costs = Cos
         experts = 4 * shape.num_layers * shape.layer_expert_params() / (a.pp * a.ep * a.expert_tp)
         grads += _ring(experts, a.expert_dp, _link(gpu, net, a.expert_tp * a.ep, a.expert_dp))
     update += 2 * grads * batch.optimizer_steps_per_step  # reduce-scatter, then the parameters' all-gather
-    optimizer_bytes = 12 * stage_params / (a.dp * a.cp)
+    optimizer_bytes = 12 * (dense_params / (a.dp * a.cp) + expert_params / a.expert_dp)
     offload = 0.0
     if cfg.actor_rollout_ref.actor.megatron.optimizer_offload:
         offload = optimizer_bytes / gpu.host_bytes_per_s  # back for the update; the way out is in gen's wake/sleep

@@ -64,7 +64,7 @@ def capture_sizes(max_rows: Optional[int], max_num_seqs: int) -> Optional[list[i
 
 
 def llm_extra_kwargs(engine_kwargs: Optional[dict[str, Any]], *, record_routing: bool, moe: bool,
-                     cudagraph_capture_sizes: Optional[Sequence[int]]) -> dict[str, Any]:
+                     cudagraph_capture_sizes: Optional[Sequence[int]], expert_parallel: bool = False) -> dict[str, Any]:
     """vllm.LLM's keyword arguments beyond the ones every engine passes: the user's engine_kwargs.vllm, with our
     defaults under them wherever the user set nothing (a user's own value always wins)."""
     kwargs = dict(engine_kwargs or {})
@@ -78,6 +78,8 @@ def llm_extra_kwargs(engine_kwargs: Optional[dict[str, Any]], *, record_routing:
         # Triton keeps w13 as loaded ([gate; up] per expert); FlashInfer's kernels re-lay it out after the
         # first load, and a later sync's load_weights or direct copy would then write the old layout.
         kwargs.setdefault("moe_backend", "triton")
+    if expert_parallel:  # rollout.expert_parallel_size = tp_g: rank r of a replica holds experts [r E/tp_g, (r+1) E/tp_g)
+        kwargs["enable_expert_parallel"] = True
     compilation = dict(kwargs.pop("compilation_config", None) or {})
     if cudagraph_capture_sizes and "max_cudagraph_capture_size" not in compilation:
         compilation.setdefault("cudagraph_capture_sizes", sorted(set(cudagraph_capture_sizes)))
@@ -145,6 +147,7 @@ class VLLMRolloutEngine(RolloutEngine):
         engine_kwargs: Optional[dict[str, Any]] = None,
         record_routing: bool = False,
         per_request_seed: bool = True,
+        expert_parallel: bool = False,
     ) -> None:
         if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
             raise RuntimeError("VLLM_ENABLE_V1_MULTIPROCESSING must be 0 for the colocated engine (set before importing vllm)")
@@ -155,7 +158,8 @@ class VLLMRolloutEngine(RolloutEngine):
         self.eos_token_ids = tuple(eos_token_ids)
         kwargs = llm_extra_kwargs(engine_kwargs, record_routing=record_routing,
                                   moe=bool(_num_experts(_read_config(model_dir))),
-                                  cudagraph_capture_sizes=None if enforce_eager else cudagraph_capture_sizes)
+                                  cudagraph_capture_sizes=None if enforce_eager else cudagraph_capture_sizes,
+                                  expert_parallel=expert_parallel)
         self.record_routing = record_routing
         self.per_request_seed = per_request_seed
         # vLLM reads its environment once, when its first engine starts: the cache root must be set before
@@ -224,7 +228,7 @@ class VLLMRolloutEngine(RolloutEngine):
             cudagraph_capture_sizes=r.cudagraph_capture_sizes or capture_sizes(max_batch_rows, r.max_num_seqs),
             engine_kwargs=dict((r.engine_kwargs or {}).get("vllm", {}) or {}),
             record_routing=bool(getattr(r, "enable_rollout_routing_replay", False)),
-            per_request_seed=r.per_request_seed, **extra,
+            per_request_seed=r.per_request_seed, expert_parallel=r.expert_parallel_size > 1, **extra,
         )
 
     def startup_times(self) -> dict[str, float]:

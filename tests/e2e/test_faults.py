@@ -43,7 +43,7 @@ KEY_METRICS = ("critic/score/mean", "actor/pg_loss", "actor/grad_norm", "actor/e
 CLOCK = re.compile(r"^(timing_s/|timing_per_token_ms/|perf/throughput|perf/time_per_step|perf/mfu)")
 # How the weights reached the engine, not what they are: the first sync after a (re)start streams every
 # weight and proves the direct copy, later ones copy directly, so these differ after a resume by design.
-SYNC_PATH = re.compile(r"^(reshard/(buckets|tensors|max_bucket_bytes|direct_bytes|direct_graph)"
+SYNC_PATH = re.compile(r"^(reshard/(buckets|tensors|max_bucket_bytes|direct_bytes|direct_graph|direct_captured)"
                        r"|sync_check/(tensors_checked|direct_checked))$")
 
 

@@ -175,6 +175,34 @@ def test_expert_layout_derivation_16_gpus():
     assert cfg.actor_rollout_ref.ref.megatron.expert_model_parallel_size == 8  # follows the actor
 
 
+def test_moe_grouped_gemm_and_rollout_expert_parallel_validate_where_they_can_run():
+    """Issue 38's 4-GPU layout: ep4 training, vLLM tp_g4 with whole experts per rank; grouped GEMM needs TE."""
+    key = "actor_rollout_ref.actor.megatron"
+    four = ["trainer.n_gpus_per_node=4", f"{key}.expert_model_parallel_size=4",
+            "actor_rollout_ref.rollout.tensor_model_parallel_size=4", "actor_rollout_ref.rollout.expert_parallel_size=4",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "trainer.device=cuda"]
+    gpu = dict(cuda_available=lambda: True, te_available=lambda: True)
+    grouped = [f"+{key}.override_transformer_config.moe_grouped_gemm=true"]
+    run = validate(load_config(four + grouped, config_name="grpo_trainer"), **gpu)
+    assert (run.derived.rollout.tp, run.derived.rollout.ep, run.derived.actor.ep) == (4, 4, 4)
+    assert "tp_g=4 dp_g=1 n=5 ep_g=4 (whole experts per rank)" in run.summary()
+    with pytest.raises(ConfigError, match=r"moe_grouped_gemm=true runs a mixture of experts' experts as "
+                                          r"transformer-engine's grouped GEMM: set actor_rollout_ref\.actor\.megatron"
+                                          r"\.transformer_impl=transformer_engine"):
+        validate(load_config(four + grouped + [f"{key}.transformer_impl=local"], config_name="grpo_trainer"), **gpu)
+    with pytest.raises(ConfigError, match=r"moe_grouped_gemm=true"):  # no TE on the machine
+        validate(load_config(four + grouped, config_name="grpo_trainer"), cuda_available=lambda: True,
+                 te_available=lambda: False)
+    with pytest.raises(ConfigError, match=r"rollout\.expert_parallel_size=2 must be 1 .* or "
+                                          r"actor_rollout_ref\.rollout\.tensor_model_parallel_size=4"):
+        validate(load_config(four + ["actor_rollout_ref.rollout.expert_parallel_size=2"], config_name="grpo_trainer"),
+                 **gpu)
+    plain = validate(load_config(four[:-2] + ["actor_rollout_ref.rollout.expert_parallel_size=1",
+                                              "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4"],
+                                 config_name="grpo_trainer"), **gpu)
+    assert plain.derived.rollout.ep == 1 and "ep_g" not in plain.summary()
+
+
 def test_list_values_and_scalar_promotion():
     cfg = load_config(["data.train_files=['a.parquet','b.parquet']", "data.val_files=c.parquet", "trainer.logger=console"])
     assert cfg.data.train_files == ["a.parquet", "b.parquet"]

@@ -18,6 +18,7 @@ from hybridrl.adapters.base import WeightRegion
 from hybridrl.adapters.megatron.hf_config import arch_from_hf
 from hybridrl.adapters.megatron.mapping import Topology, hf_to_shard, plan, shard_regions, shards_to_hf
 from hybridrl.hybrid import SyncOptions, WeightSync, WeightSyncError
+from hybridrl.hybrid.direct import GraphLayouts
 from hybridrl.rollout.torch_engine import TorchRolloutEngine
 from hybridrl.rollout.vllm_weights import _weight_views
 from tests.fixtures.actor_stubs import StubActor
@@ -43,12 +44,16 @@ def read_from(hf):
 
 class ShardActor(StubActor):
     """One tp rank's Megatron-layout shards (built with the mapping's import), exported and regioned
-    the way adapters/megatron does; `step()` changes them in place like an optimizer step."""
+    the way adapters/megatron does; `step()` changes them in place like an optimizer step. With `ep` > 1 (tp 1) the
+    rank holds the routed experts of its ep rank `rank` only (`grouped`: named as TE's grouped GEMM experts)."""
 
-    def __init__(self, arch, hf, tp=1, rank=0):
+    def __init__(self, arch, hf, tp=1, rank=0, ep=1, grouped=False):
+        assert tp == 1 or ep == 1, "tp and ep together: not needed here"
         self.arch, self.tp, self.rank = arch, tp, rank
-        self.entries = [e for e in plan(arch, Topology(tp=tp, pp=1)) if e.export]
-        self.shards = {e.mcore: hf_to_shard(e, read_from(hf), arch, rank, tp).clone() for e in self.entries}
+        self.topo = Topology(tp=tp, pp=1, ep=ep, grouped_experts=grouped)
+        self.entries = [e for e in plan(arch, self.topo) if e.export and e.ep_rank in (None, rank if ep > 1 else 0)]
+        self.shards = {e.mcore: hf_to_shard(e, read_from(hf), arch, rank % self.topo.split(e),
+                                            self.topo.split(e)).clone() for e in self.entries}
         self.exported: list[list[str]] = []
 
     def hf(self) -> dict[str, torch.Tensor]:
@@ -71,7 +76,8 @@ class ShardActor(StubActor):
         out = []
         for e in self.entries:
             extents = dict(zip(e.hf, e.hf_shapes))
-            for r in shard_regions(e, self.shards[e.mcore], self.arch, self.rank, self.tp):
+            split = self.topo.split(e)
+            for r in shard_regions(e, self.shards[e.mcore], self.arch, self.rank % split, split):
                 out.append(WeightRegion(r.hf, r.dim, r.start, r.stop, extents[r.hf][r.dim], r.view))
         return out
 
@@ -112,6 +118,26 @@ def test_direct_copy_off_streams_every_sync():
         m = sync.push(step)
         sync.release()
         assert m["reshard/direct_bytes"] == 0 and len(actor.exported[-1]) == len(actor.hf())
+
+
+def test_graph_layouts_capture_the_first_layout_and_those_that_come_back():
+    """Param offload re-allocates the actor's storages: a layout seen for the first time is copied eagerly (a capture
+    costs several copies), one that comes back is captured, a captured one replays, at most `limit` are kept."""
+    layouts = GraphLayouts(limit=3)
+    keys = ["A", "A", "B", "A", "B", "C", "D", "C", "D", "E", "C", "B"]
+    want = ["capture", "replay", "eager", "replay", "capture", "eager", "eager", "capture", "eager", "eager",
+            "replay", "replay"]
+    assert [layouts.choose((k,)) for k in keys] == want
+
+
+def test_the_direct_copy_runs_eagerly_on_cpu_and_says_so():
+    arch = arch_from_hf(CFG)
+    actor = ShardActor(arch, random_hf(arch))
+    sync = WeightSync(actor, TorchRolloutEngine(CFG), SyncOptions())
+    for step in range(2):
+        m = sync.push(step)
+        sync.release()
+    assert sync._direct.last == "eager" and m["reshard/direct_graph"] == m["reshard/direct_captured"] == 0.0
 
 
 class SwappedNormsEngine(TorchRolloutEngine):

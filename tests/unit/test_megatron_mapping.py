@@ -230,6 +230,28 @@ def test_expert_x_lives_on_ep_rank_x_div_experts_per_rank_as_a_local_expert():
     assert grouped[0].mcore == "decoder.layers.1.mlp.experts.linear_fc1.weight1"  # TE grouped GEMM naming
 
 
+@pytest.mark.parametrize("grouped", [True, False])
+def test_grouped_gemm_experts_are_detected_from_the_model_and_round_trip(grouped):
+    """TE's grouped-GEMM experts hold local expert i as linear_fc1.weight{i} / linear_fc2.weight{i} (megatron-core
+    0.16.1 TEGroupedMLP.sharded_state_dict, gated fc1 = [gate; up] as SequentialMLP's); the topology is read from
+    the built model's names, and both namings carry the same HF tensors."""
+    from hybridrl.adapters.megatron.weights import topology
+    from hybridrl.config.layout import ParallelLayout
+
+    topo = Topology(tp=1, pp=1, ep=2, grouped_experts=grouped)
+    hf = random_hf(MOE, topo)
+    mine = [e for e in plan(MOE, topo) if e.ep_rank in (None, 1)]
+    state = {e.mcore: hf_to_shard(e, reader(hf), MOE, 0, 1) for e in mine}
+    fc1 = "decoder.layers.1.mlp.experts." + ("linear_fc1.weight1" if grouped else "local_experts.1.linear_fc1.weight")
+    assert torch.equal(state[fc1], torch.cat([hf["model.layers.1.mlp.experts.3.gate_proj.weight"],
+                                              hf["model.layers.1.mlp.experts.3.up_proj.weight"]]))
+    layout = ParallelLayout(world_size=2, tp=1, pp=1, cp=1, vpp=None, dp=2, sequence_parallel=False, dtype="float32",
+                            ep=2)
+    assert topology([_module_with(state)], layout, value_head=False).grouped_experts == grouped
+    for entry in mine:
+        assert all(torch.equal(t, hf[n]) for n, t in shards_to_hf(entry, [state[entry.mcore]], MOE)), entry.mcore
+
+
 def test_moe_layer_maps_router_shared_expert_and_its_gate():
     by_hf = {n: e for e in plan(MOE, Topology(tp=2, pp=1)) for n in e.hf}
     assert by_hf["model.layers.0.mlp.gate.weight"].mcore == "decoder.layers.0.mlp.router.weight"
@@ -317,3 +339,24 @@ def test_lora_rows_shard_and_merge_back_under_peft_names(tp):
         assert all(tuple(s.shape) == shard_shape(entry, ARCH, tp) for s in shards), entry.mcore
         (name, tensor), = shards_to_hf(entry, shards, ARCH)
         assert torch.equal(tensor, hf[name]), name
+
+
+def test_grouped_gemm_goes_with_the_transformer_engine_spec_and_the_local_spec_refuses_it():
+    """moe_grouped_gemm: on by default with TE layers (TEGroupedMLP), off with the local spec (SequentialMLP, whose
+    names the mapping reads); asking the local spec for it fails naming the keys (megatron would build its legacy
+    GroupedMLP, a layout the mapping does not know)."""
+    from megatron.core.transformer.moe.experts import SequentialMLP
+
+    from hybridrl.adapters.megatron import moe
+    from hybridrl.adapters.megatron.builder import layer_spec, transformer_config
+    from hybridrl.config.layout import ParallelLayout
+
+    arch = arch_from_hf(moe_config("qwen3_moe", norm_topk_prob=True))
+    layout = ParallelLayout(world_size=1, tp=1, pp=1, cp=1, vpp=None, dp=1, sequence_parallel=False, dtype="float32")
+    assert moe.transformer_kwargs(arch, layout, te=True)["moe_grouped_gemm"] is True
+    config = transformer_config(arch, layout, impl="local")
+    assert config.moe_grouped_gemm is False
+    assert layer_spec(arch, config, "local").submodules.mlp.submodules.experts.module is SequentialMLP
+    with pytest.raises(ValueError, match=r"moe_grouped_gemm=true needs transformer-engine layers .* "
+                                         r"\*\.megatron\.transformer_impl=transformer_engine"):
+        transformer_config(arch, layout, impl="local", overrides={"moe_grouped_gemm": True})

@@ -1,6 +1,7 @@
 """Memory plan numbers against hand computations and published parameter counts."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -198,6 +199,26 @@ def test_moe_stage_params_and_expert_optimizer_sharding_by_hand():
     # Adam (8) + fp32 master (4) bytes per param: the dense part over dp=4, the experts over expert dp=1
     assert parts["actor_optimizer"] == -(-dense * 12 // 4) + experts * 12
     assert parts["actor_params"] == 2 * (dense + experts) and parts["actor_grads"] == 4 * (dense + experts)
+
+
+def test_rollout_expert_parallel_is_refused_where_the_experts_do_not_split_into_whole_blocks():
+    """rollout.expert_parallel_size = tp_g gives each vLLM rank num_experts / tp_g whole experts: the same bytes as
+    tensor-parallel experts (memory unchanged), refused on a dense model or where tp_g does not divide the experts."""
+    from hybridrl.plan.checks import shape_problems
+
+    moe = ["trainer.n_gpus_per_node=8", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+           "actor_rollout_ref.rollout.tensor_model_parallel_size=8"]
+    whole = validate(load_config(moe + ["actor_rollout_ref.rollout.expert_parallel_size=8"], config_name="grpo_trainer"),
+                     cuda_available=GPU)
+    split = validate(load_config(moe, config_name="grpo_trainer"), cuda_available=GPU)
+    shape = resolve("Qwen3-30B-A3B")
+    assert not shape_problems(whole, shape)
+    assert estimate(whole, shape, 141 * GiB).phases["rollout"].parts == estimate(split, shape, 141 * GiB).phases[
+        "rollout"].parts
+    odd = dataclasses.replace(shape, num_experts=124)
+    assert [p.knob for p in shape_problems(whole, odd)] == ["actor_rollout_ref.rollout.expert_parallel_size"]
+    assert "actor_rollout_ref.rollout.expert_parallel_size" in [p.knob for p in shape_problems(whole, resolve(
+        "Qwen2.5-7B"))]  # a dense model (whose 28 heads refuse tp_g 8 as well)
 
 
 def test_split_placement_plans_the_rollout_gpu_and_the_training_gpus_apart():

@@ -131,3 +131,26 @@ def test_fourteen_b_needs_several_gpus_and_the_search_says_which_layouts_fit(cap
     assert all(c["tp"] * c["pp"] > 1 or c["optimizer_offload"] for c in four["ranked"])  # 266 GB of state
     refused = {(c["tp"], c["pp"], c["tp_g"], c["optimizer_offload"], c["recompute"]) for c in four["refused"]}
     assert (1, 1, 1, False, False) in refused  # one GPU's share of the whole state: does not fit 80 GB
+
+
+def test_moe_step_model_counts_a_gpus_own_experts_their_gemms_and_the_expert_sync():
+    """Issue 38: a GPU holds dense weights / (tp pp) and experts / (pp ep etp), so ep shrinks the state that moves
+    around generation; the local spec's one GEMM per expert costs the update; an ep4 actor feeding vLLM tp_g4 with
+    its expert parallel copies in place, and with tensor-parallel experts receives 3/4 of its experts over NVLink."""
+    shape, gpu = resolve("Qwen3-30B-A3B"), gpu_named("H200")
+    ara = "actor_rollout_ref"
+    ep = f"{ara}.actor.megatron.expert_model_parallel_size"
+
+    def predict(*more: str, gpus: int = 8) -> dict[str, float]:
+        return step_seconds(_run(JOB + list(more), gpus), shape, gpu)
+
+    ep1, ep8 = predict(f"{ara}.rollout.tensor_model_parallel_size=1"), predict(
+        f"{ara}.rollout.tensor_model_parallel_size=1", f"{ep}=8")
+    expert_gb = 6 * shape.num_layers * shape.layer_expert_params() / 1e9  # bf16 params + fp32 grads
+    assert ep1["gen"] - ep8["gen"] == pytest.approx(0.045 * expert_gb * (1 - 1 / 8), rel=1e-6)
+    local = predict(f"{ara}.rollout.tensor_model_parallel_size=1", f"{ep}=8", f"{ara}.actor.megatron.transformer_impl=local")
+    assert local["update"] > 3 * ep8["update"] and local["log_probs"] > 3 * ep8["log_probs"]
+    four = [f"{ara}.rollout.tensor_model_parallel_size=4", f"{ep}=4"]
+    whole, split = predict(*four, f"{ara}.rollout.expert_parallel_size=4", gpus=4), predict(*four, gpus=4)
+    received = 0.75 * 2 * shape.num_layers * shape.layer_expert_params() / 4
+    assert split["sync"] - whole["sync"] == pytest.approx(received / gpu.nvlink_bytes_per_s, rel=1e-6)

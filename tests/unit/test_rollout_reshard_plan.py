@@ -31,6 +31,21 @@ def test_collectives_and_bytes():
     assert "replica 7: ranks [7]" in text and "pp_broadcast" in text and "1024.0 MiB" in text
 
 
+@pytest.mark.parametrize("world, tp, pp, ep, etp", [(4, 1, 1, 4, 1), (8, 2, 2, 2, 1), (8, 2, 1, 4, 2), (16, 2, 2, 2, 2)])
+def test_expert_parallel_groups_are_megatrons(world, tp, pp, ep, etp):
+    """The export's ep all-gather groups, against megatron-core's own expert rank generator (order tp-cp-ep-dp-pp,
+    etp in tp's place); an ep4 actor feeding vLLM tp_g4 is described with its ep step, not as a full copy per rank."""
+    from megatron.core.parallel_state import RankGenerator
+
+    plan = ReshardPlan(world_size=world, tp=tp, pp=pp, dp=world // (tp * pp), tp_g=1, ep=ep, etp=etp)
+    edp = world // (pp * ep * etp)
+    want = RankGenerator(tp=etp, ep=ep, dp=edp, pp=pp, cp=1, order="tp-cp-ep-dp-pp").get_ranks("ep")
+    assert sorted(plan.ep_groups()) == sorted(tuple(g) for g in want)
+    four = ReshardPlan(world_size=4, tp=1, pp=1, dp=4, tp_g=4, ep=4)
+    text = four.describe(model_bytes=2**30)
+    assert "ep_all_gather" in text and "no collectives" not in text and "the other 3 ep rank(s)" in text
+
+
 def test_prompt_chunks():
     plan = ReshardPlan(world_size=4, tp=4, pp=1, dp=1, tp_g=2)
     assert plan.prompt_slice(6, 0) == slice(0, 3) and plan.prompt_slice(6, 1) == slice(3, 6)

@@ -196,7 +196,7 @@ def test_the_table_runners_launch_valid_configs(tmp_path):
 
 def test_a_listing_changes_nothing(tmp_path):
     """show/listing writes nothing: every write of a row is an action it yields."""
-    for name in ("scale_7b", "multi_grpo", "grpo", "peer_ours_smol", "moe"):
+    for name in ("scale_7b", "multi_grpo", "grpo", "peer_ours_smol", "moe", "moe_8b_ep4", "moe_1b_te_train"):
         runs.actions(name, str(tmp_path / "out"), False, ARGS.get(name, ()))
     assert not (tmp_path / "out").exists()
 

@@ -26,3 +26,9 @@ def test_eager_engines_get_no_capture_sizes():
     kw = llm_extra_kwargs({"moe_backend": "flashinfer"}, record_routing=False, moe=True, cudagraph_capture_sizes=None)
     assert kw["compilation_config"] == {"pass_config": {"fuse_allreduce_rms": False}}
     assert kw["moe_backend"] == "flashinfer"
+
+
+def test_rollout_expert_parallel_asks_vllm_for_whole_experts_per_rank():
+    on = llm_extra_kwargs(None, record_routing=False, moe=True, cudagraph_capture_sizes=None, expert_parallel=True)
+    off = llm_extra_kwargs(None, record_routing=False, moe=True, cudagraph_capture_sizes=None)
+    assert on["enable_expert_parallel"] is True and "enable_expert_parallel" not in off

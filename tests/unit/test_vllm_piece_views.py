@@ -102,3 +102,71 @@ def test_torch_engine_piece_views_cover_the_full_weights():
         [p for p in pieces if p.name.endswith("q_proj.weight")][:1]  # a duplicate piece: over-covers q_proj
     views = engine.piece_views(missing_half)
     assert all((v is None) == (p.name in ("model.layers.0.self_attn.q_proj.weight",)) for p, v in zip(missing_half, views))
+
+
+# issue 38's four-GPU layout at CPU size: 8 experts and 4 KV heads, so tp_g and ep go up to 4
+MOE8_CFG = type(MOE_CFG)(**{**MOE_CFG.to_dict(), "num_experts": 8, "num_key_value_heads": 4})
+
+
+def ep_rank_regions(arch, hf, ep, rank, grouped=False):
+    return ShardActor(arch, hf, ep=ep, rank=rank, grouped=grouped).weight_regions()
+
+
+@pytest.mark.parametrize("ep, tp_g, expert_parallel, grouped", [
+    (4, 4, True, True), (4, 4, True, False), (2, 2, True, False), (4, 4, False, True), (2, 4, True, False)])
+def test_an_expert_parallel_actor_fills_vllms_experts_and_with_expert_parallel_from_its_own_ranks(
+        ep, tp_g, expert_parallel, grouped):
+    """An actor at tp 1 x ep (SequentialMLP or TE grouped-GEMM names: the same HF pieces) and a colocated vLLM at
+    tp_g, rank for rank. Every element of vLLM's layout comes from some rank's pieces; with vLLM's expert parallel at
+    tp_g = ep each rank's routed experts come from its own shards only (no cross-GPU bytes for experts), and the
+    rest of the model (held whole by every rank at tp 1) too: the whole sync is local copies."""
+    arch = arch_from_hf(MOE8_CFG)
+    hf = random_hf(arch)
+    fused = {"qkv_proj": (arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim,
+                          arch.num_kv_heads * arch.head_dim)}
+    seen, pieces = set(), []
+    for r in range(ep):
+        for region in ep_rank_regions(arch, hf, ep, r, grouped):
+            if _key(region) not in seen:
+                seen.add(_key(region))
+                pieces.append(_piece(region))
+    assert len(pieces) == len(hf)  # tp 1: one whole piece per HF weight, held by its ep rank or by every rank
+    for rank in range(tp_g):
+        want = vllm_moe_params(hf, arch, tp_g, rank, expert_parallel)
+        model = FakeVllmModel(want)
+        views = _piece_views(model, pieces, tp_g, rank, fused, experts=arch.num_experts)
+        fill(pieces, views, hf)
+        got = dict(model.named_parameters())
+        for name, (t, _) in want.items():
+            rows = min(t.shape[0], arch.vocab_size - rank * t.shape[0]) if name.endswith(("embed_tokens.weight",
+                                                                                          "lm_head.weight")) else None
+            assert torch.equal(got[name][:rows], t[:rows]), (ep, tp_g, expert_parallel, rank, name)
+        own = {_key(r) for r in ep_rank_regions(arch, hf, ep, rank % ep, grouped)} if rank < ep else set()
+        remote = {p.name for p, v in zip(pieces, views) if v.view is not None and v.hi > v.lo and _key(p) not in own}
+        if expert_parallel and tp_g == ep:
+            assert remote == set(), remote
+        elif not expert_parallel:  # tensor-parallel experts: a slice of every expert, most held by other ep ranks
+            per = arch.num_experts // ep
+            others = {n for n in hf if ".experts." in n and ".shared_expert" not in n
+                      and int(n.split(".experts.")[1].split(".")[0]) // per != rank}
+            assert remote == others
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_torch_engine_piece_views_take_an_expert_parallel_actors_experts_from_their_ranks(grouped):
+    """The torch engine holds every expert on every rank: an ep2 actor's pieces (either expert naming) cover it, the
+    shared weights and rank 0's experts from rank 0's pieces, rank 1's experts from rank 1's, and a rank's pieces
+    write nothing but their own weights."""
+    arch = arch_from_hf(MOE8_CFG)
+    hf = random_hf(arch)
+    engine = TorchRolloutEngine(MOE8_CFG)
+    before = {n: t.clone() for n, t in engine.named_weights().items()}
+    mine = [_piece(r) for r in ep_rank_regions(arch, hf, 2, 0, grouped)]
+    theirs = [_piece(r) for r in ep_rank_regions(arch, hf, 2, 1, grouped) if ".experts." in r.name
+              and ".shared_expert" not in r.name]
+    fill(mine, engine.piece_views(mine), hf)
+    after = engine.named_weights()
+    assert {n for n in hf if not torch.equal(after[n], before[n])} == {p.name for p in mine}
+    fill(theirs, engine.piece_views(theirs), hf)
+    assert all(torch.equal(engine.named_weights()[n], t) for n, t in hf.items())
+    assert len(mine) + len(theirs) == len(hf)

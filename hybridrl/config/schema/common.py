@@ -88,8 +88,10 @@ class MegatronConfig:
     override_transformer_config: dict[str, Any] = field(default_factory=dict)
     dtype: str = doc("bfloat16 | float16 | float32 on GPU; CPU always trains in float32.", "bfloat16")
     transformer_impl: Optional[str] = doc(
-        "Layer spec: transformer_engine (fused norm+linear, TE attention; FP8 and context parallelism need it) | "
-        "local (torch); null: transformer_engine where it imports on a GPU, else local.", None)
+        "Layer spec: transformer_engine (fused norm+linear, TE attention; FP8 and context parallelism need it; a "
+        "mixture of experts' experts as one grouped GEMM a layer unless override_transformer_config."
+        "moe_grouped_gemm=false) | local (torch; experts one after another); null: transformer_engine where it "
+        "imports on a GPU, else local.", None)
 
 
 @dataclass(frozen=True)

@@ -66,6 +66,11 @@ class RolloutConfig:
     n_gpus_per_node: int = doc("The rollout's own GPUs per node (on CPU: processes) when "
                                "actor_rollout_ref.hybrid_engine=false; 0: colocated with the actor.", 0)
     data_parallel_size: int = 1
+    expert_parallel_size: int = doc(
+        "Mixture-of-experts models: 1 splits every routed expert's ffn over the replica's tp_g ranks (vLLM's "
+        "tensor-parallel experts); tensor_model_parallel_size gives each rank whole experts, num_experts / tp_g of "
+        "them (vLLM's enable_expert_parallel; an actor trained with the same expert_model_parallel_size then holds "
+        "exactly the experts its rank's engine needs, so the weight sync copies them in place).", 1)
     pipeline_model_parallel_size: int = 1
     max_num_batched_tokens: int = 8192
     max_model_len: Optional[int] = None
