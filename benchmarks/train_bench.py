@@ -23,7 +23,10 @@ it after the backward, the path before issue 39), the rest before the step; afte
 to the host (begin_offload) and the next update's offload waits for the rest (nothing runs between them here, so
 that wait is the whole copy: the exposed offload of a real step is what the trainer does meanwhile).
 train_mfu (train_mfu_7b_whole_update on the 7B shape) is over the whole update: forward/backward, the onload's
-exposed part, the optimizer step.
+exposed part, the optimizer step. Where the whole update's time goes (update_split.py): update_policy's phases
+(phase_*_seconds), what the bench's clock saw outside them (update_outside_role_seconds, of which
+update_drain_seconds is the device-wide wait after it returned) and the caching allocator's retries, cudaMallocs and
+cudaFrees before the forward, during the forward/backward and after it.
 """
 from __future__ import annotations
 
@@ -39,6 +42,9 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import update_split  # noqa: E402  (benchmarks/, beside this script)
 
 PEAK_FLOPS = 989e12  # H100 SXM, dense bf16 (H200: the same compute)
 COMMON = dict(max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6)
@@ -98,6 +104,9 @@ def parse() -> argparse.Namespace:
     p.add_argument("--onload-reserve-gb", type=float, default=None,
                    help="with --onload-overlap plan: keep this many GiB free for the forward/backward instead of the "
                         "plan's figure (to find how far the plan's margin could go)")
+    p.add_argument("--logprob-between", action="store_true",
+                   help="a log-prob pass between the offload and each update, as the trainer's old_log_prob: the "
+                        "update then starts with the allocator's cache warm instead of just emptied")
     p.add_argument("--override-optimizer-config", default="{}",
                    help="JSON merged into actor.optim.override_optimizer_config (e.g. megatron's optimizer CPU offload)")
     p.add_argument("--cpu-dry-run", action="store_true",
@@ -289,8 +298,9 @@ def main() -> None:
     data.batch["advantages"] = torch.randn(batch["responses"].shape) * batch["response_mask"]
     parts: dict[str, list[float]] = {k: [] for k in (
         "forward_backward", "optimizer_step", "optimizer_onload", "optimizer_onload_exposed", "optimizer_onload_overlap",
-        "optimizer_offload", "optimizer_offload_exposed", "activations_measured")}
+        "optimizer_offload", "optimizer_offload_exposed", "activations_measured", "peak_reserved")}
     state_bytes = [0]
+    splits: list[dict[str, float]] = []  # update_split.per_update of each timed update
 
     def update() -> tuple[dict, float]:
         if args.offload_optimizer:  # the push's offload: finishes the one begun after the previous (warm-up) update
@@ -298,11 +308,21 @@ def main() -> None:
             parts["optimizer_offload"].append(off.optimizer_seconds)
             parts["optimizer_offload_exposed"].append(off.optimizer_exposed_seconds)
             state_bytes[0] = off.optimizer_bytes
+        if args.logprob_between:  # as the trainer: old_log_prob between the push and the update (a warm allocator)
+            actor.compute_log_prob(data)
         base = 0
         if torch.cuda.is_available():  # the forward/backward's own rise: peak after the backward, less what was
             torch.cuda.reset_peak_memory_stats()  # resident and the optimizer state sent for at the start
             base = torch.cuda.memory_allocated()
-        metrics, s = timed(lambda: actor.update_policy(data))
+        synchronize()  # timed(), with the device-wide wait after update_policy returned apart (update_split.py)
+        start = time.perf_counter()
+        metrics = actor.update_policy(data)
+        returned = time.perf_counter()
+        synchronize()
+        s = time.perf_counter() - start
+        splits.append(update_split.per_update(metrics, s, time.perf_counter() - returned))
+        if torch.cuda.is_available():
+            parts["peak_reserved"].append(torch.cuda.max_memory_reserved())
         early = metrics.get("offload/optimizer_onload_overlap", 0.0) * state_bytes[0]
         parts["activations_measured"].append(max(0.0, actor.engine.backward_peak_bytes - base - early))
         if args.offload_optimizer:  # WeightSync.after_update
@@ -318,6 +338,7 @@ def main() -> None:
     update()  # warm-up (allocator, first-call kernels, Adam's state, the host arena when offloading)
     for timed_parts in parts.values():
         timed_parts.clear()
+    splits.clear()
     seconds, peaks = [], []
     for _ in range(args.updates):
         metrics, s = update()
@@ -356,15 +377,17 @@ def main() -> None:
             "update_seconds": update_s,
             "logprob_tokens_per_s": tokens / logprob_s,
             "peak_memory_gib": peak / 2**30,
+            "peak_reserved_gib": max(parts["peak_reserved"], default=0) / 2**30,
             "build_and_import_seconds": build_s,
             "tokens_per_update": tokens,
             "matmul_params": n_matmul,
             "last_grad_norm": metrics["actor/grad_norm"],
+            **update_split.mean(splits),
         },
         "setup": {"samples": args.samples, "prompt": args.prompt, "response": args.response, "micro": args.micro,
                   "shape": args.shape, "lengths": args.lengths, "packed": args.packed, "transformer_impl": impl,
                   "dynamic_tokens": args.dynamic_tokens, "recompute": args.recompute, "fp8": args.fp8,
-                  "offload_optimizer": args.offload_optimizer,
+                  "offload_optimizer": args.offload_optimizer, "logprob_between": args.logprob_between,
                   "onload_overlap": args.onload_overlap if args.offload_optimizer else None,
                   "onload_reserve_gb": args.onload_reserve_gb,
                   "fp8_recipe": args.fp8_recipe, "override_transformer_config": json.loads(args.override_transformer_config),
@@ -433,7 +456,7 @@ RATIOS = {"te_vs_local_tokens_per_s": ("transformer_impl", "transformer_engine",
 
 def named_ratios(mine: dict, peer: dict, ratio: float) -> dict[str, float]:
     compared = ("transformer_impl", "packed", "shape", "lengths", "samples", "dynamic_tokens", "recompute", "fp8",
-                "offload_optimizer", "onload_overlap")
+                "offload_optimizer", "onload_overlap", "logprob_between")
     differ = {k for k in compared if mine.get(k) != peer.get(k)}
     return {name: ratio for name, (key, this, other) in RATIOS.items()
             if differ == {key} and mine.get(key) == this and peer.get(key) == other}
@@ -457,6 +480,7 @@ def write_summary(path: str, result: dict) -> None:
         f"{m['train_mfu_forward_backward']:.3f}), optimizer step {m['optimizer_step_seconds']:.2f} s, optimizer-state "
         f"onload waited for {m.get('optimizer_onload_exposed_seconds', m['optimizer_onload_seconds']):.2f} s",
         f"- peak memory during updates: {m['peak_memory_gib']:.2f} GiB",
+        *update_split.describe(m),
     ]
     if s.get("offload_optimizer"):
         lines.append(

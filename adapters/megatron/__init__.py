@@ -11,6 +11,7 @@ Modules (one concern each):
     forward      verl batch -> re-aligned (padded or packed THD, cp-split) micro-batches; vocab-parallel log-probs
     batching     mini-/micro-batch splitting (fixed size or token-packed)
     engine       schedules (1F1B under PP), optimizer, LR schedule, exact loss scaling contract
+    phases       where one update's time goes, phase by phase, and the caching allocator's driver calls meanwhile
     role/actor/critic   MegatronActor (policy, or reference without optimizer), MegatronCritic
     reward_model MegatronRewardModel: a HF *ForSequenceClassification / *ForTokenClassification scoring last tokens
     offload      params/grads/optimizer to pinned host memory and back (GPU), one host arena per kind

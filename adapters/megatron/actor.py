@@ -109,14 +109,17 @@ class MegatronActor(MegatronRole, ActorModel):
         objective, cfg = self.objective, self.cfg
         batch = global_batch(mini, cfg.loss_scale_factor)
         vocab = self.arch.vocab_size
+        mask = mini.batch["response_mask"]  # the host's copy: a micro-batch's token count without a device sync
 
         def loss_fn(out: torch.Tensor, mb: MicroBatch):
             stats = response_log_probs(out, mb, vocab, temperature, with_entropy=True,
                                        entropy_grad=cfg.entropy_coeff != 0)
             result = objective(stats.log_probs, stats.entropy, mb.extras, batch)
-            w_tok = float(mb.extras["response_mask"].sum()) / max(batch.batch_num_tokens, 1.0)
+            w_tok = float(mask[mb.rows].sum()) / max(batch.batch_num_tokens, 1.0)
             metrics = {k: v / batch.dp_size for k, v in result.totals.items()}
-            metrics.update({k: float(v) * w_tok for k, v in result.means.items()})
+            # float64 on the device: the same numbers as float(v) * w_tok on the host, without a sync per micro-batch
+            # (the role brings all metrics over at once: role.host_sums)
+            metrics.update({k: _scaled(v, w_tok) for k, v in result.means.items()})
             return result.loss / batch.dp_size, metrics
 
         return loss_fn
@@ -144,6 +147,11 @@ class AdaptersOff:
 
     def onload(self, params: bool, grads: bool, optimizer: bool) -> None:
         return None
+
+
+def _scaled(v, w: float):
+    """v * w in float64, v a float or a (device) tensor: exactly float(v) * w, which a tensor gets without a sync."""
+    return v.detach().to(torch.float64) * w if isinstance(v, torch.Tensor) else float(v) * w
 
 
 def global_batch(mini: DataProto, loss_scale_factor: Optional[float] = None) -> GlobalBatch:

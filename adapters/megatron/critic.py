@@ -61,6 +61,7 @@ class MegatronCritic(MegatronRole, CriticModel):
         batch = global_batch(mini, self.cfg.loss_scale_factor)
         tokens, dp = max(batch.batch_num_tokens, 1.0), batch.dp_size
         clip = self.cfg.cliprange_value
+        host_mask = mini.batch["response_mask"]  # a micro-batch's token count without a device sync
 
         def loss_fn(out: torch.Tensor, mb: MicroBatch):
             x = mb.extras
@@ -69,7 +70,7 @@ class MegatronCritic(MegatronRole, CriticModel):
             vf = value_loss(vpreds, x["returns"], x["values"], mask, clip, agg, **batch)
             # vf_loss is the micro-batch's share of the mini-batch loss times dp (agg_loss); the engine sums over dp
             metrics = {"critic/vf_loss": vf.vf_loss.detach() / dp,
-                       "critic/vf_clipfrac": vf.vf_clipfrac * float(mask.sum()) / tokens,
+                       "critic/vf_clipfrac": vf.vf_clipfrac * float(host_mask[mb.rows].sum()) / tokens,
                        "critic/vpred_mean": masked_sum(vpreds.detach(), mask) / tokens}
             return vf.vf_loss / dp, metrics
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import math
-import time
 from typing import Any, Callable, Iterable, Optional
 
 import torch
@@ -25,6 +24,7 @@ from hybridrl.config.schema.common import OptimConfig
 from . import compat, moe
 from .builder import unwrap, wrap_ddp
 from .forward import MicroBatch
+from .phases import Phases
 
 # (model output of the last stage [b, L, X], micro-batch) -> (loss scalar, {metric: detached scalar tensor})
 LossFn = Callable[[torch.Tensor, MicroBatch], tuple[torch.Tensor, dict[str, torch.Tensor]]]
@@ -101,16 +101,20 @@ class Engine:
 
     def train_step(self, micro_batches: list[MicroBatch], loss_fn: LossFn,
                    prepare: Optional[Callable[[MicroBatch], None]] = None,
-                   before_step: Optional[Callable[[], None]] = None) -> tuple[list[dict], float, bool]:
+                   before_step: Optional[Callable[[], None]] = None,
+                   phases: Optional[Phases] = None) -> tuple[list[dict], float, bool]:
         """One optimizer step over `micro_batches`: (per-micro-batch metrics, grad norm, applied?).
         `before_step()` runs between the backward passes and the optimizer step (the role's optimizer onload).
+        `phases` (the caller's clock, running since its last mark) gets stream_wait (the compute stream's work queued
+        before the step), forward_backward, onload_wait (before_step) and optimizer_step.
 
         MoE models: the router losses of the step are in `self.router_losses` (moe.router_loss_values)."""
         assert self.optimizer is not None, "train_step on a role built without an optimizer (reference)"
         # The parts are timed apart (MFU of the forward/backward alone: train_bench), on the compute stream only:
         # offload's copies on their side stream overlap it (overlap.py) and are timed by their owner.
+        phases = Phases() if phases is None else phases
         compat.synchronize_stream()
-        start = time.perf_counter()
+        phases.mark("stream_wait")
         for c in self.chunks:
             c.zero_grad_buffer()
         self.optimizer.zero_grad()
@@ -123,15 +127,15 @@ class Engine:
         else:
             metrics = self.run(micro_batches, loss_fn, forward_only=False, prepare=prepare)
         compat.synchronize_stream()
-        forward_backward = time.perf_counter() - start
+        forward_backward = phases.mark("forward_backward")
         if compat.cuda_in_use():
             self.backward_peak_bytes = torch.cuda.max_memory_allocated()
-        if before_step is not None:  # timed by its owner (the role's optimizer onload)
+        if before_step is not None:  # timed by its owner too (the role's optimizer onload)
             before_step()
-        step_start = time.perf_counter()
+        phases.mark("onload_wait")
         grad_norm, applied = optimizer_step(self.optimizer, self.optim.clip_grad)
         compat.synchronize_stream()
-        self.step_seconds = {"forward_backward": forward_backward, "optimizer_step": time.perf_counter() - step_start}
+        self.step_seconds = {"forward_backward": forward_backward, "optimizer_step": phases.mark("optimizer_step")}
         self.optimizer_steps += int(applied)
         return metrics, grad_norm, applied
 

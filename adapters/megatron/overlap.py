@@ -60,17 +60,38 @@ def free_device_bytes() -> int:
     return int(free + torch.cuda.memory_reserved() - torch.cuda.memory_allocated())
 
 
-@dataclass(frozen=True)
+BACKOFF_MIN_BYTES = 2 * GiB  # the least a budget backs off by after a forward/backward that retried an allocation
+
+
+@dataclass
 class OverlapBudget:
     """How much offloaded optimizer state may come back while the forward/backward runs: what the device has free
     at the update's start, less `reserve` (what the forward/backward will add: the plan's activations and a margin,
-    hybridrl.plan.memory.onload_reserve). Nothing overlaps when that leaves nothing (today's serial path)."""
+    hybridrl.plan.memory.onload_reserve) and less `backoff`. Nothing overlaps when that leaves nothing (the serial
+    path).
+
+    `backoff` is learned (observe): the plan's margin does not know the caching allocator's fragmentation, and a
+    forward/backward that finds no cached block and no free device memory has the allocator free its cache and retry;
+    that cudaFree synchronizes the device, so the compute waits for the side stream's copies and the overlap is lost
+    (phases.py). After such an update the budget keeps more free; it never shrinks the backoff again."""
 
     reserve: int
     free: Callable[[], int] = free_device_bytes
+    backoff: int = 0
 
     def allowed(self) -> int:
-        return max(0, self.free() - self.reserve)
+        return max(0, self.free() - self.reserve - self.backoff)
+
+    def observe(self, sent: int, retries: int) -> int:
+        """After an update that sent `sent` bytes for at its start and whose forward/backward retried `retries`
+        allocations: back off by a quarter of `sent` (at least BACKOFF_MIN_BYTES) when both are positive, since a
+        retry costs about the whole copy time while each GiB held back costs ~20 ms of exposed copy (50 GB/s).
+        Returns the bytes added."""
+        if sent <= 0 or retries <= 0:
+            return 0
+        step = max(BACKOFF_MIN_BYTES, sent // 4)
+        self.backoff += step
+        return step
 
 
 def split_by_budget(sizes: list[tuple[int, int]], budget: Optional[int]) -> tuple[list[int], list[int]]:

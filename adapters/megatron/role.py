@@ -22,6 +22,7 @@ from .builder import build_model
 from .engine import Engine, broadcast_from_last_stage, main_param_writer, max_over_dp, sum_over_dp
 from .hf_config import arch_from_hf, load_hf_config
 from .lora import LoraSpec
+from .phases import COUNTERS, UPDATE_PARTS, Phases
 from .weights import export_hf_weights, load_hf_weights, local_regions, loses_precision
 
 log = logging.getLogger(__name__)
@@ -209,34 +210,71 @@ class MegatronRole:
         """One update call: ppo_epochs x mini-batches of this dp rank, one optimizer step each.
 
         `make_loss_fn(mini)` gives the loss of one mini-batch. Returns the means over the optimizer steps of
-        `metric_names`, `{role}/grad_norm` and `{role}/update_applied` (0 where a non-finite step was skipped).
+        `metric_names`, `{role}/grad_norm` and `{role}/update_applied` (0 where a non-finite step was skipped), and
+        where the time went (_phase_metrics).
         """
         plan = self.batch
+        phases = Phases()
         self.updates += 1
         self._onload = overlap.Moved()
-        self._begin_optimizer_onload()
         self.engine.scheduler.step(1)  # this update runs at lr(step); warm-up starts above lr_warmup_init
-        seconds = {"forward_backward": 0.0, "optimizer_step": 0.0}
         history: list[list[float]] = []
+        begun = False
         for epoch in range(plan.ppo_epochs):
             for rows in mini_batch_rows(len(data), plan.mini_batch_per_dp, self._shuffle_seed(epoch)):
                 mini = data[rows]
                 mbs = self._micro_batches(mini, keys, plan.micro_batch_per_gpu,
                                           plan.max_token_len_per_gpu if plan.use_dynamic_bsz else None)
+                loss_fn = make_loss_fn(mini)
+                phases.mark("micro_batches")
+                if not begun:  # after the inputs' copies and allocations: none of them queues behind the state's
+                    self._begin_optimizer_onload()
+                    phases.mark("onload_begin")
+                    begun = True
                 with self._routing(mini) as prepare:
-                    per_micro, grad_norm, applied = self.engine.train_step(mbs, make_loss_fn(mini), prepare,
-                                                                           self._optimizer_on_device)
-                for part, s in self.engine.step_seconds.items():
-                    seconds[part] += s
+                    per_micro, grad_norm, applied = self.engine.train_step(mbs, loss_fn, prepare,
+                                                                           self._optimizer_on_device, phases)
                 router = list(self.engine.router_losses.values())  # MoE models: load-balancing and z-loss
                 history.append(self._rank_metrics(per_micro, metric_names) + [grad_norm, float(applied)] + router)
+                phases.mark("metrics")
         names = metric_names + [f"{self.role}/grad_norm", f"{self.role}/update_applied"]
         names += [f"{self.role}/{k}" for k in self.engine.router_losses]
         out = {k: sum(h[i] for h in history) / len(history) for i, k in enumerate(names)}
         out[f"{self.role}/lr"] = self.engine.lr()
-        out.update({f"timing_s/{self.role}_{part}": s for part, s in seconds.items()})
+        out.update(self._phase_metrics(phases))
         out.update(self._onload_metrics())
+        self._learn_onload_budget(phases)
         return out
+
+    def _phase_metrics(self, phases: Phases) -> dict[str, float]:
+        """timing_s/{role}_{phase}: micro_batches (mini-batch rows, micro-batching, the inputs' copies to the device,
+        the loss's global sizes), onload_begin (the optimizer state sent for at the start), stream_wait (work the
+        compute stream had queued before the step; MoE: the routing's set-up), forward_backward, onload_wait (the rest
+        of the optimizer state, ~timing_s/optimizer_onload_exposed), optimizer_step, metrics (the per-micro-batch
+        metrics to the host, once); they add up to timing_s/{role}_update, the whole call. On a GPU also
+        memory/{role}_{counter}_{part}: the caching allocator's alloc_retries, cuda_mallocs and cuda_frees before
+        the forward, during the forward/backward and after it (phases.py: why they matter)."""
+        out = {f"timing_s/{self.role}_{name}": s for name, s in phases.seconds.items()}
+        out[f"timing_s/{self.role}_update"] = phases.elapsed()
+        if any(phases.counts.values()):
+            for counter in COUNTERS:
+                for part, names in UPDATE_PARTS.items():
+                    out[f"memory/{self.role}_{counter}_{part}"] = float(phases.count(counter, names))
+        return out
+
+    def _learn_onload_budget(self, phases: Phases) -> None:
+        """An overlapped onload whose forward/backward retried an allocation lost its overlap: send for less next
+        time (overlap.OverlapBudget.observe)."""
+        budget = self._onload_budget
+        if budget is None:
+            return
+        retries = phases.count("alloc_retries", ("forward_backward",))
+        step = budget.observe(self._onload.overlapped_bytes, retries)
+        if step:
+            log.warning("%s: the forward/backward retried %d allocations beside %.1f GiB of optimizer state sent for at "
+                        "its start (each retry frees the allocator's cache and waits for the copies); keeping %.1f GiB "
+                        "more free from the next update on (%.1f GiB in all)", self.role, retries,
+                        self._onload.overlapped_bytes / 2**30, step / 2**30, budget.backoff / 2**30)
 
     @contextlib.contextmanager
     def _routing(self, data, measure: bool = False):
@@ -272,7 +310,7 @@ class MegatronRole:
         """Sum weighted per-micro-batch metrics on the last stage, then over dp; same values on every rank."""
         local = None
         if per_micro:
-            local = torch.tensor([sum(float(m[n]) for m in per_micro if n in m) for n in names], dtype=torch.float64)
+            local = torch.tensor(host_sums(per_micro, names), dtype=torch.float64)
         local = broadcast_from_last_stage(local, (len(names),), torch.float64)
         return sum_over_dp(local.tolist())
 
@@ -285,6 +323,19 @@ class MegatronRole:
             for mb, m in zip(micro_batches, per_micro):
                 out[mb.rows] = m[key].detach().float().cpu()
         return broadcast_from_last_stage(out, shape, torch.float32).cpu()
+
+
+def host_sums(per_micro: list[dict[str, Any]], names: list[str]) -> list[float]:
+    """Per name, the sum over the micro-batches that have it of their values (device tensors or floats), in float64
+    and in micro-batch order, with ONE device->host copy for all the tensors: a float() per value was a host
+    synchronization each (about 150 for a 7B update of 29 micro-batches)."""
+    flat = [(n, m[n]) for m in per_micro for n in names if n in m]
+    tensors = [v.detach().reshape(()).to(torch.float64) for _, v in flat if isinstance(v, torch.Tensor)]
+    host = iter(torch.stack(tensors).tolist() if tensors else [])
+    sums = dict.fromkeys(names, 0.0)
+    for n, v in flat:
+        sums[n] += next(host) if isinstance(v, torch.Tensor) else float(v)
+    return [sums[n] for n in names]
 
 
 def _load_noting_rounding(rounded: list, param: torch.nn.Parameter, shard: torch.Tensor) -> None:

@@ -15,6 +15,8 @@ sys.path.insert(0, os.path.join(HERE, "megatron_helpers"))
 
 import launch  # noqa: E402
 
+from hybridrl.adapters.megatron.phases import UPDATE_PHASES  # noqa: E402
+
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
 
 
@@ -51,3 +53,15 @@ def test_the_host_arena_reserved_before_the_first_step_fits_the_state_after_it(r
     reservation at start-up); with megatron's distributed optimizer it is exact."""
     r = result["serial"]
     assert r["predicted"] == r["arena_after_first_step"] and r["state_bytes"][0] > 0
+
+
+
+@pytest.mark.parametrize("way", ["resident", "serial", "overlap", "cancel"])
+def test_the_update_says_where_its_time_went(result, way):
+    """A real megatron update's phases (adapters/megatron/phases.py) cover the whole call: nothing of it goes
+    unnamed, and the engine's own forward/backward and step timers are two of them."""
+    for m in result[way]["metrics"]:
+        parts = [m[f"timing_s/actor_{p}"] for p in UPDATE_PHASES]
+        assert all(s >= 0 for s in parts) and m["timing_s/actor_forward_backward"] > 0
+        assert abs(sum(parts) - m["timing_s/actor_update"]) < 1e-6 * max(1.0, m["timing_s/actor_update"])
+        assert not any(k.startswith("memory/actor_") for k in m)  # no CUDA allocator on the CPU
