@@ -161,6 +161,25 @@ def speed7bcmp(c: Context) -> Actions:
     yield Show(tuple(out.values()), r"_vs_|train_mfu|peak_memory")
 
 
+def update7b(c: Context) -> Actions:
+    """Issue 39's whole 7B update split (update_split.py; benchmarks/results/startup.md says what each run decides):
+    the serial onload at 4096- and 8192-token micro-batches, the overlap at the plan's reserve, with a larger reserve,
+    and with a log-prob pass before each update (the trainer's warm allocator)."""
+    model = yield from scale_model(c, "7b")
+    common = (c.python, "benchmarks/train_bench.py", "--model-dir", model, "--shape", "7b", "--lengths", "gsm8k",
+              "--random-init", "--transformer-impl", "transformer_engine", "--packed", "--skip-offload",
+              "--offload-optimizer", "--samples", c.knob("SAMPLES"), "--updates", c.knob("UPDATES"))
+    runs = {"serial_4096": ("--onload-overlap", "off", "--dynamic-tokens", "4096"),
+            "serial_8192": ("--onload-overlap", "off", "--dynamic-tokens", "8192"),
+            "plan_4096": ("--onload-overlap", "plan", "--dynamic-tokens", "4096"),
+            "roomy_4096": ("--onload-overlap", "plan", "--onload-reserve-gb", c.knob("ROOMY_GB"), "--dynamic-tokens",
+                           "4096"),
+            "warm_4096": ("--onload-overlap", "plan", "--logprob-between", "--dynamic-tokens", "4096")}
+    for name in c.words("UPDATE_RUNS"):
+        yield Step(f"update_{name}", 150, (*common, *runs[name], "--out", c.path("results", f"update_{name}.json")))
+    yield Show((c.path("results", "update_*.md"),), r"whole update|caching allocator|of the update|optimizer state")
+
+
 SPEED_KNOBS = {"SAMPLES": "64", "SPEED_ARGS": "", "PROFILE": "20", "UPDATES": "3", "TOKENS": "8192",
                "SCALE_MODELS": "/tmp"}
 
@@ -384,6 +403,9 @@ ROWS = [
         results=("megatron_speed.json",), knobs={"RECOMPUTE_RUN": "1", **SPEED_KNOBS}),
     row("speed7bcmp", "the 7B shape's te_vs_local and packed_vs_padded", speed7bcmp, results=("megatron_speed.json",),
         knobs=SPEED_KNOBS),
+    row("update7b", "issue 39: where the whole 7B update's time goes, serial and overlapped onload (update_split.py)",
+        update7b, knobs={"SAMPLES": "64", "UPDATES": "2", "ROOMY_GB": "60", "SCALE_MODELS": "/tmp",
+                         "UPDATE_RUNS": "serial_4096 plan_4096 roomy_4096 serial_8192"}),
     row("moe", "GRPO on the random Qwen3-MoE moe_1b, router replay off and R3, gap_bench, moe_report", moe,
         results=("moe_grpo.json",), knobs={"MODEL": "/tmp/qwen3_moe_1b", "MOE_STEPS": "4", "MOE_ARGS": ""}),
     row("moetest", "tests/gpu/test_vllm_moe.py (tiny Qwen3-MoE: sync, follow, routing agreement, R3)",
