@@ -297,6 +297,18 @@ def _check_trainer(cfg: PPOConfig, p: _Problems) -> None:
     p.check(t.worker_timeout_s > 0 and t.dist_timeout_s > 0, "trainer.worker_timeout_s and trainer.dist_timeout_s must be > 0")
 
 
+def _check_profiler(cfg: PPOConfig, p: _Problems) -> None:
+    g = cfg.global_profiler
+    if g.tool is None:
+        p.check(not g.steps, f"global_profiler.steps={g.steps} profiles nothing without global_profiler.tool=torch")
+        return
+    p.check(g.tool == "torch", f"global_profiler.tool={g.tool!r} is not supported (verl's nsys, npu and torch_memory "
+                               "are not built in); use torch or null")
+    p.check(bool(g.steps), "global_profiler.tool=torch needs global_profiler.steps, e.g. [2]")
+    p.check(all(isinstance(s, int) and s >= 1 for s in g.steps or []),
+            f"global_profiler.steps={g.steps} must be step numbers >= 1")
+
+
 def _check_rewards(cfg: PPOConfig, p: _Problems) -> None:
     managers = _registry_names("hybridrl.reward", "REWARD_MANAGERS")
     if managers is not None:
@@ -345,6 +357,7 @@ def validate(cfg: PPOConfig, cuda_available: Optional[Callable[[], bool]] = None
     check_lora(cfg, device, te_available, p)
     algorithm = check_algorithm(cfg, rollout.n, p)
     _check_trainer(cfg, p)
+    _check_profiler(cfg, p)
     _check_rewards(cfg, p)
     _no_effect_notes(cfg, p)
 

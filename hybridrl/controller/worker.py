@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .decorator import Dispatch, register
 from .dispatch import DEFAULT_MESH, DispatchInfo
 
 __all__ = ["DistContext", "Worker", "init_process_group_once"]
@@ -186,6 +187,21 @@ class Worker:
     @property
     def colocated_roles(self) -> list[str]:
         return sorted(self.__dict__.get(_PEERS_ATTR) or {})
+
+    # ------------------------------------------------------------------ profiling (global_profiler.*)
+    @register(Dispatch.ONE_TO_ALL)
+    def profile_start(self, step: int) -> bool:
+        """Open this process's torch profiler for `step` (colocated roles: the first call opens it)."""
+        from hybridrl.utils import profiling
+
+        return profiling.start(step)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def profile_stop(self, step: int, folder: str) -> str | None:
+        """Close it and write folder/step_STEP/ROLE_rankR.*; the table's path (None where another role did)."""
+        from hybridrl.utils import profiling
+
+        return profiling.stop(step, folder, f"{self.role}_rank{self.rank}")
 
 
 def build_worker(cls: type, ctx: DistContext, args: tuple = (), kwargs: dict | None = None) -> Any:

@@ -31,6 +31,7 @@ from .fully_async import FullyAsyncStream
 from .generation import SplitGeneration
 from .metrics import compute_data_metrics, compute_throughput_metrics, compute_timing_metrics
 from .one_step_off import OneStepOffStream
+from .profiling import StepProfile
 from .run_folder import check_run_folder, clear_earlier_run
 from .stopping import RunStopped, StopSignals
 
@@ -51,6 +52,8 @@ class PPOTrainer:
         self.global_step = 0  # actor updates done: the version of the weights the next generation starts from
         self.first_val: dict[str, float] = {}
         self.last_val: dict[str, float] = {}
+        groups = [parts.actor_group, parts.critic_group, parts.rollout_group, parts.reward_model_group]
+        self.profile = StepProfile.from_run(run, groups)  # global_profiler: None when off
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict[str, float]:
@@ -64,9 +67,11 @@ class PPOTrainer:
         if self.signals is not None:
             self.signals.training = True  # from here a signal lets the step in flight finish and be saved
         rollouts, began = self.rollout_stream(), time.perf_counter()
+        self.profile_window(open_step=self.global_step + 1)
         for rollout in rollouts:  # generated and scored, on the weights of the updates so far (or one behind)
             self.global_step += 1
             metrics = {**self.train_step(rollout, self.global_step), **startup}
+            metrics.update(self.profile_window(close_step=self.global_step))
             startup = {}
             out_of_time = t.max_time_s is not None and time.perf_counter() - began > t.max_time_s
             last = self.global_step == self.parts.total_steps or out_of_time
@@ -85,7 +90,17 @@ class PPOTrainer:
             if out_of_time:
                 print(f"hybridrl: trainer.max_time_s={t.max_time_s} reached after step {self.global_step}", flush=True)
                 break
+            self.profile_window(open_step=self.global_step + 1)
         return self.last_val
+
+    def profile_window(self, open_step: int = 0, close_step: int = 0) -> dict[str, float]:
+        """global_profiler: open the window before a chosen step's rollout is drawn, close it after its update."""
+        if self.profile is None:
+            return {}
+        if close_step:
+            return self.profile.close(close_step)
+        self.profile.open(open_step)
+        return {}
 
     def resume_and_validate_first(self) -> None:
         """Resume from the latest checkpoint (trainer.resume_mode) and validate before training where asked."""

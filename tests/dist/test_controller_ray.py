@@ -123,6 +123,22 @@ def test_colocated_roles_share_process_and_tensors(pools):
 
 
 @pytest.mark.timeout(120)
+def test_every_role_process_profiles_a_step_once(pools, tmp_path):
+    """global_profiler through the groups: the fused actor + critic processes open one window each (the second
+    role's call is a no-op), and the critic group of its own pool has its own; each process writes one table."""
+    from hybridrl.trainer.profiling import StepProfile
+
+    prof = StepProfile([pools["actor"], pools["critic"], pools["critic_b"]], [4], str(tmp_path))
+    prof.open(4)
+    assert pools["rows"].allreduce_sum(0.5) == [2.0, 2.0]  # some work in the window (another group's processes)
+    assert prof.close(4)["profile/active"] == 1.0
+    names = sorted(os.listdir(tmp_path / "step_4"))
+    tables = [n for n in names if n.endswith(".txt")]
+    assert tables == ["actor_rank0.txt", "actor_rank1.txt", "critic_rank0.txt", "critic_rank1.txt", "driver.txt"], names
+    assert all((tmp_path / "step_4" / n).read_text().startswith("step 4:") for n in tables)
+
+
+@pytest.mark.timeout(120)
 def test_allreduce_through_the_group(pools):
     assert pools["rows"].allreduce_sum(0.5) == [2.0, 2.0]  # (0 + .5) + (1 + .5) over gloo
 

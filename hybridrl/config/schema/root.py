@@ -9,6 +9,7 @@ from .async_training import AsyncTrainingConfig
 from .common import Link, doc
 from .critic import CriticConfig, CustomRewardFunctionConfig, RewardModelConfig
 from .data import DataConfig
+from .profiler import GlobalProfilerConfig
 from .rollout import RolloutConfig
 from .trainer import RayKwargsConfig, TrainerConfig
 
@@ -43,3 +44,4 @@ class PPOConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     ray_kwargs: RayKwargsConfig = field(default_factory=RayKwargsConfig)
     async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
+    global_profiler: GlobalProfilerConfig = field(default_factory=GlobalProfilerConfig)
