@@ -46,6 +46,7 @@ class StepProfile:
         mine = profiling.stop(step, self.folder, "driver")
         written += [mine] if mine else []
         self._open = None
-        print(f"hybridrl: profile of step {step}: {len(written)} tables (and chrome traces) in "
-              f"{os.path.join(self.folder, f'step_{step}')}", flush=True)
+        if os.environ.get("RANK", "0") == "0":  # under torchrun every rank runs this driver
+            print(f"hybridrl: profile of step {step}: {len(written)} tables (and chrome traces) in "
+                  f"{os.path.join(self.folder, f'step_{step}')}", flush=True)
         return {"profile/active": 1.0, "timing_s/profile_write": time.perf_counter() - began}
