@@ -47,7 +47,7 @@ def row(model: str, gpus: int, net: float, out: dict) -> str:
     layout = f"tp{b['tp']} pp{b['pp']} cp{b['cp']} ep{b['ep']} dp{b['dp']}"
     knobs = "+".join(k for k, on in (("opt-offload", b["optimizer_offload"]), ("recompute", b["recompute"])) if on) or "-"
     return (f"| {model} | {gpus} | {net:g} | {layout} | tp_g{b['tp_g']} x dp_g{b['dp_g']} | {knobs} | {s['step']:.1f} | "
-            f"{s['gen']:.1f} / {s['sync']:.2f} / {s['log_probs']:.1f} / {s['update']:.1f} | "
+            f"{s['gen']:.1f} / {s['sync'] + s['sync_check']:.2f} / {s['log_probs']:.1f} / {s['update']:.1f} | "
             f"{b['peak_bytes'] / 2**30:.0f} | {len(out['ranked'])} |")
 
 
@@ -79,14 +79,20 @@ share 0.5. **The GPUs:** H200 (139.8 GiB), 8 a node on NVLink (248 GB/s all-gath
 **Between nodes** (an assumption, `--net-gbps`): 400 Gb/s a GPU (one 400G NIC per GPU, an InfiniBand NDR node) and,
 for a slower fabric, 100 Gb/s a GPU; collectives over it at 80% of the line rate.
 **The model's inputs:** the shapes from the published config.json files (`benchmarks/plan_models/`); the step-time
-constants from `benchmarks/results/plan_calibration.json` (1-4 H200s, 0.5B-7B dense models); responses taken at
+constants from `benchmarks/results/plan_calibration.json` (1-4 H200s, 0.5B-14B dense models); responses taken at
 their full length (a real run's EOS makes generation and training shorter).
+**The sync** (the weights into the engine, and their check) counts what each GPU receives from other GPUs for its
+engine shard: the other pipeline stages' layers (over the network where the pipeline spans nodes) and its tp peers'
+pieces, at 0.52 of the link (the cross-GPU copy as measured on 4 x H200), plus the check at 7 ms per GB (measured
+before the cheaper checksums of 5f711d7).
 
 What the numbers cannot know: MoE kernels (grouped GEMM efficiency, all-to-all overlap) were never measured here, so the
 30B-A3B rows use the dense MFU at its width; vLLM's expert parallelism is not modeled (its rollout is tp_g x dp_g);
-efficiency losses of very large dp (stragglers, the driver's dispatch of 8k samples) are outside the model.
+efficiency losses of very large dp (the driver's dispatch of 8k samples) are outside the model, and the wait for
+the slowest worker around generation is the 4-GPU runs' 0.26 s per doubling of the GPUs carried on to 64-512 GPUs
+(1.6-2.3 s of a step).
 
-| model | GPUs | Gb/s a GPU | training layout | rollout | knobs | step s | gen / sync / log-probs / update | peak GiB | layouts that fit |
+| model | GPUs | Gb/s a GPU | training layout | rollout | knobs | step s | gen / sync + check / log-probs / update | peak GiB | layouts that fit |
 | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |
 """
 FOOTER = """
@@ -94,7 +100,8 @@ Reading the table: generation is most of the step at every scale (4k decode step
 cost), and it shrinks with dp_g only through the per-sequence part, which is why the search picks the smallest tp_g
 that fits the weights; training shrinks with the GPUs until the gradients' reduce-scatter over the network and the
 pipeline's bubble take over. With the slower network the search moves to layouts that keep more of the gradient
-traffic inside a node (larger tp or pp, smaller dp).
+traffic inside a node (larger tp or pp, smaller dp). With pp spanning nodes, the sync's weights from the other
+stages cross the network too: at 100 Gb/s a GPU the sync and its check take 6.6-11 s of a step.
 
 Qwen3-30B-A3B never gets ep > 1 here: the model counts an MoE layer's compute at the dense MFU of its active
 weights, so expert parallelism only adds its all-to-all, and the experts' memory fits without it. Real MoE training

@@ -111,11 +111,12 @@ def search(build: Callable[[list[str]], RunConfig], shape: ModelShape, gpus: int
 
 
 def table(fits: list[Candidate], top: int) -> str:
-    lines = ["rank  tp pp cp ep  dp  tp_g x dp_g  opt-offload recompute  step s (gen / log-probs / update / offload)  "
-             "peak GiB"]
+    lines = ["rank  tp pp cp ep  dp  tp_g x dp_g  opt-offload recompute  step s (gen / sync+check / log-probs / update / "
+             "offload)  peak GiB"]
     for i, c in enumerate(fits[:top], 1):
         s = c.seconds
         lines.append(f"{i:4d}  {c.tp:2d} {c.pp:2d} {c.cp:2d} {c.ep:2d} {c.dp:3d}  {c.tp_g:4d} x {c.dp_g:<4d}  {str(c.optimizer_offload):11s} "
-                     f"{str(c.recompute):9s}  {s['step']:6.2f} ({s['gen']:.2f} / {s['log_probs']:.2f} / "
+                     f"{str(c.recompute):9s}  {s['step']:6.2f} ({s['gen']:.2f} / {s['sync'] + s['sync_check']:.2f} / "
+                     f"{s['log_probs']:.2f} / "
                      f"{s['update']:.2f} / {s['optimizer_offload']:.2f})  {c.peak_bytes / 2**30:6.1f} ({c.peak_phase})")
     return "\n".join(lines)

@@ -6,9 +6,17 @@ tokens, N matmul weights, L layers, dp/tp/pp/cp/ep the actor's layout, tp_g/dp_g
                    decode is latency-bound, a replica's step barely shortens with fewer sequences) + per_sequence_s
                    x S/dp_g + the replica's weights/tp_g read from HBM + with tp_g > 1, 2 L all-reduces of
                    allreduce_latency_s x log2(tp_g) (vLLM's NCCL all-reduce; custom all-reduce is off); plus the
-                   engine's wake/sleep, which grows with the training state a GPU holds (it moves out and back)
-    sync           the weights into the engine: a copy on the GPU; with pp > 1 each rank also gathers the other
-                   stages' weights, over the network where the pipeline spans nodes
+                   engine's wake/sleep: a fixed part, its weights woken (per GB of its shard), more with each
+                   doubling of the GPUs (their KV caches woken at once, the driver's wait for the slowest worker),
+                   and with optimizer_offload the optimizer state's way to the host
+    sync           the weights into the engine: each GPU copies its engine shard (2 N / tp_g bytes) in HBM, and
+                   receives from other GPUs the part of it that its training shard does not hold (the cross-GPU
+                   direct copy, hybrid/remote.py): the other pipeline stages' layers (over the network where the
+                   pipeline spans nodes) and, where the tp_g shard is not inside the tp shard, the tp peers' pieces
+                   (receive_fraction), at sync_copy_efficiency of the link
+    sync_check     the per-step weight check (rollout.sync_check): sync_check_s_per_gb for every GB of the engine's
+                   shard and of the received bytes, times sample_fraction (a separate term, to be re-fitted once
+                   cheaper checksums are measured)
     log-prob pass  2 N T/dp / (tp pp cp) FLOPs at forward_mfu x tp_efficiency x pipeline fill, once for the old
                    log-probs and once more for the reference; MoE: the tokens' all-to-all over ep
     update         6 N T/dp / (tp pp cp) FLOPs at train_mfu x tp_efficiency x pipeline fill (8 N with full recompute;
@@ -17,7 +25,7 @@ tokens, N matmul weights, L layers, dp/tp/pp/cp/ep the actor's layout, tp_g/dp_g
                    the local one),
                    the gradients' reduce-scatter + all-gather over dp (NVLink inside a node, the network when the dp
                    group spans nodes), pipeline sends, cp's KV exchange, MoE all-to-all; with optimizer_offload the
-                   optimizer state's copy back from the host (its way out is part of generation's wake/sleep)
+                   optimizer state's copy back from the host (its way out is part of generation)
 Interconnect: NVLink inside a node of GPU.per_node GPUs; between nodes each GPU gets Network.bytes_per_s (its share of
 the node's NICs: an assumption, `hybridrl plan --search --net-gbps`). A group of Megatron ranks (order tp-cp-ep-dp-pp)
 spans nodes when its stride times its size exceeds a node.
@@ -91,10 +99,20 @@ class Costs:
     decode_step_s: float = 2.2e-3
     per_sequence_s: float = 1.3e-5
     allreduce_latency_s: float = 3.5e-5
-    # the engine's wake/sleep and the training state's moves around it: gen minus generate on those rows, 0.4 s
-    # (1.5B) to 2.2 s (7B on one GPU), ~0.045 s per GB of parameters + gradients a GPU holds
-    engine_wake_sleep_s: float = 0.25
-    wake_s_per_gb: float = 0.045
+    # the rest of gen (gen less generate, the sync, the check and, with optimizer_offload, the optimizer state's way
+    # to the host at host_bytes_per_s), least squares over 20 H200 runs, medians of steps 2-5 (benchmarks/results/
+    # megatron_scale/ 2026-11-26: 0.5B-7B on one GPU; four_gpu_h200x2/: 1.5B on 1 and 2; four_gpu_h200x4/,
+    # four_gpu_h200x4_2/, four_gpu_h200x4_3/ 2026-11-27: the rows of plan_calibration.json, .car runs left out;
+    # residuals within 0.34 s, rms 0.14 s): a fixed 0.17 s (the engine's sleep and wake calls, the training state's
+    # offload and onload), 0.011 s per GB of the engine's shard (its weights woken: engine_wake_weights 0.08 s for
+    # 3.1 GB, 0.34 s for 29.5 GB) and 0.26 s per doubling of the job's GPUs (0.10-0.32 s on one GPU, 0.62 s on two,
+    # 0.45-1.19 s on four: the KV caches woken at once, 0.19 s against 0.05 s, and the driver's wait for the slowest
+    # worker; beyond four GPUs an extrapolation). The training state a GPU holds did not show once the optimizer
+    # state's trip is counted apart (one GPU, 2026-11-27: 0.29-0.32 s for the 7B's 45.7 GB, 0.27-0.30 s for the
+    # 1.5B's 9.2 GB); the 0.045 s per GB of it that this replaced stood in for that trip
+    engine_wake_sleep_s: float = 0.17
+    engine_wake_s_per_gb: float = 0.011
+    wake_s_per_gpu_doubling: float = 0.26
     # guesses (not measured apart from the step times): tensor-parallel efficiency of the training GEMMs
     tp_efficiency: tuple[tuple[int, float], ...] = ((1, 1.0), (2, 0.85), (4, 0.75), (8, 0.6))
     # guesses until issue 38's rows (benchmarks/results/moe_scale.json) calibrate them: the routed experts' GEMMs
@@ -103,6 +121,16 @@ class Costs:
     # of a 1.28B MoE with 32 experts, small micro-batches included)
     grouped_experts_efficiency: float = 1.0
     sequential_experts_efficiency: float = 0.1
+    # the cross-GPU direct copy against the model's NVLink figure (nvlink_bytes_per_s): the received bytes over the
+    # measured reshard_stream less the local copy, on the third 4 x H200 lease's rows (2026-11-27, double-buffered
+    # rounds, plan_calibration.json h200x4_3_*): 14B tp4 -> tp_g1 0.56 (22.2 GB a GPU in 0.165 s), 7B tp2 -> tp_g1
+    # 0.47 (7.6 GB, 0.068 s), 7B pp2 -> tp_g2 0.54 (3.8 GB, 0.030 s); their geometric mean
+    sync_copy_efficiency: float = 0.52
+    # the weight check (timing_s/sync_check), per GB of the engine's shard plus the received bytes: 6.7-8.8 ms/GB on
+    # the eight rows of the second and third 4 x H200 leases (2026-11-27, plan_calibration.json h200x4_2_*, h200x4_3_*:
+    # 0.027 s for 1.5B's 3.1 GB on one GPU, 0.106 s for 7B's 15.2 GB, 0.392 s for 14B's 29.5 + 22.2 GB), the median.
+    # Measured before 5f711d7 (float32 block sums): re-fit from the next lease's rows
+    sync_check_s_per_gb: float = 7.0e-3
     other_s: float = 0.1  # reward, advantages, dispatch
 
 
@@ -146,6 +174,48 @@ def _ring(nbytes: float, size: int, bandwidth: float) -> float:
     return nbytes * (size - 1) / size / bandwidth if size > 1 else 0.0
 
 
+def _overlap(a0: float, a1: float, b0: float, b1: float) -> float:
+    return max(0.0, min(a1, b1) - max(a0, b0))
+
+
+def _slices(i: int, n: int, j: int, m: int) -> float:
+    """How much of a tensor slice i of n and slice j of m have in common."""
+    return _overlap(i / n, (i + 1) / n, j / m, (j + 1) / m)
+
+
+def receive_fraction(tp: int, pp: int, tp_g: int) -> float:
+    """The share of a dense model the busiest GPU receives from other GPUs for its engine shard: the engine holds
+    slice rank % tp_g of every layer, the actor slice rank % tp of its stage's layers (hybrid/plan.py's rank
+    orders). Where the two nest (tp_g = 1, tp = 1 or tp = tp_g: every measured row) this is benchmarks/four_gpu.py's
+    receive_fraction, 1/tp_g - 1/(pp max(tp, tp_g)); where they do not it is more (tp4 -> tp_g2: rank 1 trains
+    quarter 1 and serves half 1, so it receives all of its half)."""
+    own = min(_slices(k % tp_g, tp_g, k % tp, tp) for k in range(math.lcm(tp, tp_g)))
+    return 1 / tp_g - own / pp
+
+
+def received_bytes(shape: ModelShape, a, r) -> tuple[float, float, float]:
+    """Bytes the busiest GPU receives for its engine shard: (from the other pipeline stages, from its stage's tp
+    peers, routed experts from its stage's ep peers). Dense weights as in receive_fraction; the engine holds 1/tp_g
+    of every expert, or whole experts (vLLM's expert parallel, rollout ep = tp_g: block rank % tp_g), the actor its
+    stage's experts in block (rank / etp) % ep of ep, slice rank % etp of etp."""
+    expert = 2.0 * shape.num_layers * shape.layer_expert_params() if shape.is_moe else 0.0
+    dense = 2.0 * shape.params - expert
+    tp_g, etp, ep = r.tp, a.expert_tp, a.ep
+    from_stages = (dense + expert) / tp_g * (1 - 1 / a.pp)  # the tp_g slice of the other stages' layers
+
+    def in_stage(k: int) -> tuple[float, float]:
+        g = k % tp_g
+        if r.ep > 1:  # whole experts: the engine's block against the actor's, of which the actor holds 1/etp
+            experts = _slices(g, tp_g, k // etp % ep, ep) / etp
+        else:  # 1/tp_g of every expert against the actor's slice of its 1/ep of them
+            experts = _slices(g, tp_g, k % etp, etp) / ep
+        return (dense * (1 / tp_g - _slices(g, tp_g, k % a.tp, a.tp)) / a.pp,
+                expert * (1 / tp_g - experts) / a.pp)
+
+    busiest = max((in_stage(k) for k in range(math.lcm(tp_g, a.tp, etp * ep))), key=sum)  # the orders' period
+    return from_stages, busiest[0], busiest[1]
+
+
 def step_seconds(run: RunConfig, shape: ModelShape, gpu: GPU, costs: Costs = Costs(),
                  net: Network = Network()) -> dict[str, float]:
     """Predicted seconds of each phase of one step and their sum under "step"."""
@@ -162,7 +232,6 @@ def step_seconds(run: RunConfig, shape: ModelShape, gpu: GPU, costs: Costs = Cos
     eff = _tp_efficiency(costs, a.tp) * fill
     layers = shape.num_layers / a.pp
     dense_params, expert_params = _gpu_params(shape, a)
-    stage_params = dense_params + expert_params
     recompute = recompute_enabled(cfg.actor_rollout_ref.model, cfg.actor_rollout_ref.actor.megatron)
     passes = 4 if recompute else 3  # forward (again with recompute), backward's two
 
@@ -171,19 +240,21 @@ def step_seconds(run: RunConfig, shape: ModelShape, gpu: GPU, costs: Costs = Cos
                 + 2 * shape.active_params / r.tp / gpu.hbm_bytes_per_s)
     if r.tp > 1:
         per_step += 2 * shape.num_layers * costs.allreduce_latency_s * math.log2(r.tp)
-    train_state_gb = 6 * stage_params / 1e9  # bf16 params + fp32 grads a GPU holds through the step
-    gen = response * per_step + costs.engine_wake_sleep_s + costs.wake_s_per_gb * train_state_gb
+    engine_bytes = 2 * shape.params / r.tp  # the engine's shard on a GPU
+    optimizer_bytes = 12 * (dense_params / (a.dp * a.cp) + expert_params / a.expert_dp)
+    # with optimizer_offload the optimizer state goes to the host during generation (and comes back for the update)
+    offload = optimizer_bytes / gpu.host_bytes_per_s if cfg.actor_rollout_ref.actor.megatron.optimizer_offload else 0.0
+    gen = (response * per_step + costs.engine_wake_sleep_s + costs.engine_wake_s_per_gb * engine_bytes / 1e9
+           + costs.wake_s_per_gpu_doubling * math.log2(a.world_size) + offload)
 
-    # the weights into the engine; the other pipeline stages' weights come from their ranks
-    sync = 2 * shape.params / r.tp / gpu.hbm_bytes_per_s
-    if a.pp > 1:
-        sync += _ring(2 * shape.params / a.tp, a.pp, _link(gpu, net, a.tp * a.cp * a.dp, a.pp))
-    if shape.is_moe and a.ep > 1 and not (r.ep > 1 and r.tp == a.ep):
-        # the engine's experts (1/tp_g of every expert, or whole experts in other blocks than the actor's) are
-        # mostly on other ep ranks: all but 1/ep of them come over NVLink (with vLLM's expert parallel at tp_g = ep
-        # every rank holds exactly its engine's experts)
-        received = (1 - 1 / a.ep) * 2 * shape.num_layers * shape.layer_expert_params() / r.tp
-        sync += received / _link(gpu, net, 1, a.ep)
+    # the weights into the engine: the local copy, what other GPUs send, and the check of both
+    from_stages, in_stage, in_stage_experts = received_bytes(shape, a, r)
+    sync = engine_bytes / gpu.hbm_bytes_per_s + (
+        from_stages / _link(gpu, net, a.tp * a.cp * a.dp, a.pp) + in_stage / gpu.nvlink_bytes_per_s
+        + in_stage_experts / _link(gpu, net, a.expert_tp, a.ep)) / costs.sync_copy_efficiency
+    check = cfg.actor_rollout_ref.rollout.sync_check  # all tensors unless sampled; none when off
+    sync_check = costs.sync_check_s_per_gb * check.sample_fraction * (
+        engine_bytes + from_stages + in_stage + in_stage_experts) / 1e9 if check.enable else 0.0
 
     # the tokens' exchanges: MoE all-to-all over ep, cp's KV ring, pipeline sends (bf16 activations)
     act = per_gpu_tokens * shape.hidden_size * 2
@@ -211,12 +282,8 @@ def step_seconds(run: RunConfig, shape: ModelShape, gpu: GPU, costs: Costs = Cos
         experts = 4 * shape.num_layers * shape.layer_expert_params() / (a.pp * a.ep * a.expert_tp)
         grads += _ring(experts, a.expert_dp, _link(gpu, net, a.expert_tp * a.ep, a.expert_dp))
     update += 2 * grads * batch.optimizer_steps_per_step  # reduce-scatter, then the parameters' all-gather
-    optimizer_bytes = 12 * (dense_params / (a.dp * a.cp) + expert_params / a.expert_dp)
-    offload = 0.0
-    if cfg.actor_rollout_ref.actor.megatron.optimizer_offload:
-        offload = optimizer_bytes / gpu.host_bytes_per_s  # back for the update; the way out is in gen's wake/sleep
-    out = {"gen": gen, "sync": sync, "log_probs": log_probs, "update": update, "optimizer_offload": offload,
-           "other": costs.other_s}
+    out = {"gen": gen, "sync": sync, "sync_check": sync_check, "log_probs": log_probs, "update": update,
+           "optimizer_offload": offload, "other": costs.other_s}
     out["step"] = sum(out.values())
     return out
 
