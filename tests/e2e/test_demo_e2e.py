@@ -88,7 +88,11 @@ def test_generation_dumps_in_verls_format_match_the_logged_scores(demo):
 
 
 @pytest.mark.timeout(900)
-def test_generation_and_eval_on_the_demo_checkpoint(demo, tmp_path):
+def test_generation_and_eval_on_the_demo_checkpoint(demo, tmp_path, capsys):
+    # main_eval only reads a parquet and scores it: called in this process (as tests/unit/test_eval_main.py does),
+    # main_generation (megatron checkpoint, process group) in its own
+    from hybridrl.trainer.main_eval import main as main_eval
+
     out = demo["out"]
     test_file = str(out / "data" / "test.parquet")
     actor = str(out / "checkpoints" / "global_step_2" / "actor")
@@ -98,19 +102,20 @@ def test_generation_and_eval_on_the_demo_checkpoint(demo, tmp_path):
          "rollout.prompt_length=16", "rollout.response_length=4", "trainer.device=cpu"])
     rows = pq.read_table(greedy).to_pylist()
     assert len(rows) == 128 and all(len(r["responses"]) == 1 for r in rows)
-    proc = run(["-m", "hybridrl.trainer.main_eval", f"data.path={greedy}"])
+    assert main_eval([f"data.path={greedy}"]) == 0
+    printed = capsys.readouterr().out
     result = json.load(open(greedy.replace(".parquet", ".eval.json")))["metrics"]
     # the same weights decoded greedily on the same prompts: the trainer's last validation score, whose rewards
     # also carry the overlong buffer's penalty (main_eval scores without it)
     last = [r for r in demo["rows"] if "val/score" in r][-1]
     val = last["val/score"] - last["val-aux/arithmetic/overlong_reward/mean@1"]
-    assert abs(result["test_score/arithmetic"] - val) <= 2 / 128, (result, val, proc.stdout)
+    assert abs(result["test_score/arithmetic"] - val) <= 2 / 128, (result, val, printed)
 
     sampled = str(tmp_path / "sampled.parquet")
     run(["-m", "hybridrl.trainer.main_generation", f"data.path={test_file}", "data.n_samples=4",
          f"data.output_path={sampled}", f"model.path={actor}", "rollout.temperature=1.0", "rollout.top_p=1.0",
          "rollout.top_k=-1", "rollout.prompt_length=16", "rollout.response_length=4", "trainer.device=cpu"])
-    run(["-m", "hybridrl.trainer.main_eval", f"data.path={sampled}"])
+    assert main_eval([f"data.path={sampled}"]) == 0
     result = json.load(open(sampled.replace(".parquet", ".eval.json")))["metrics"]
     from hybridrl.reward.arithmetic import compute_score
 

@@ -175,12 +175,9 @@ def run_to_end(name: str, folder, args: list[str], env: Optional[dict] = None) -
 
 # ------------------------------------------------------------------------------------------ runs
 @pytest.fixture(scope="module")
-def prepared(tmp_path_factory):
-    """The demo's data and warmed-up tiny model, once for the module."""
-    from hybridrl.trainer.demo import prepare
-
-    model, train, test = prepare(str(tmp_path_factory.mktemp("prepared")), sft_steps=20, seed=0)
-    return {"model": model, "train": train, "test": test}
+def prepared(demo_prepared):
+    """The demo's data and warmed-up tiny model (tests/e2e/conftest.py: once for the session)."""
+    return demo_prepared
 
 
 def trainer_args(prepared, out, *extra: str) -> list[str]:
@@ -235,13 +232,10 @@ def assert_matches_reference(reference: dict, out) -> None:
 
 
 @pytest.fixture(scope="module")
-def reference(prepared, tmp_path_factory):
-    out = tmp_path_factory.mktemp("reference")
-    start = time.monotonic()
-    t = run_to_end("reference", out, trainer_args(prepared, out / "ckpt"))
-    rows = metrics_by_step(out / "ckpt")
-    return {"rows": rows, "out": out / "ckpt", "trainer": t, "seconds": time.monotonic() - start,
-            "shards": shard_bytes(str(out / "ckpt" / "global_step_4"))}
+def reference(one_node_reference):
+    """The uninterrupted run: trainer_args(prepared, ...) to the end (tests/e2e/conftest.py runs it once for the
+    session; test_two_nodes.py compares its layouts against the same run)."""
+    return one_node_reference
 
 
 # ------------------------------------------------------------------------------------------ tests

@@ -60,10 +60,14 @@ def test_agent_loop_runs_fully_async(tmp_path):
 
 
 @pytest.mark.timeout(300)
-def test_killed_rollout_worker_fails_fast_and_keeps_the_finished_samples(tmp_path):
+def test_killed_rollout_worker_fails_fast_and_keeps_the_finished_samples(demo_prepared, tmp_path):
     out = tmp_path / "demo"
     log = open(tmp_path / "stdout.txt", "w+")
-    proc = subprocess.Popen([sys.executable, "-m", "hybridrl.trainer.demo", "--out", str(out), "--sft-steps", "20",
+    # the demo's job (configs/demo.yaml) on the demo's data and warmed-up model (tests/e2e/conftest.py)
+    demo = ["--config-name", "demo", f"data.train_files={demo_prepared['train']}",
+            f"data.val_files={demo_prepared['test']}", f"actor_rollout_ref.model.path={demo_prepared['model']}",
+            f"trainer.default_local_dir={out / 'checkpoints'}"]
+    proc = subprocess.Popen([sys.executable, "-m", "hybridrl.trainer.main_ppo", *demo,
                              *ASYNC, "trainer.total_training_steps=50", "async_training.staleness_threshold=2",
                              "async_training.trigger_parameter_sync_step=2"],
                             cwd=ROOT, env=ENV, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -17,12 +17,24 @@ pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.timeout(400)]
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory) -> dict:
+    """The demo's data and its tiny model after 5 supervised steps, once for both runs."""
+    from hybridrl.trainer.demo import prepare
+
+    model, train, test = prepare(str(tmp_path_factory.mktemp("prepared")), sft_steps=5, seed=0)
+    return {"model": model, "train": train, "test": test}
+
+
 @pytest.mark.parametrize("merge", [False, True], ids=["adapter_sync", "merged_sync"])
-def test_grpo_with_lora_trains_the_adapters_against_the_base_as_reference(tmp_path, merge):
+def test_grpo_with_lora_trains_the_adapters_against_the_base_as_reference(prepared, tmp_path, merge):
     """merge=false (the default): the engine holds the base from the first sync and takes only the adapters each step
     (every step's sync moves the adapters' bytes alone); merge=true: W + s*B@A in full every step."""
     env = dict(os.environ, PYTHONPATH=ROOT, HF_HUB_OFFLINE="1")
-    cmd = [sys.executable, "-m", "hybridrl.trainer.demo", "--out", str(tmp_path), "--sft-steps", "5",
+    # the demo's job (configs/demo.yaml) on its data and model
+    cmd = [sys.executable, "-m", "hybridrl.trainer.main_ppo", "--config-name", "demo",
+           f"data.train_files={prepared['train']}", f"data.val_files={prepared['test']}",
+           f"actor_rollout_ref.model.path={prepared['model']}", f"trainer.default_local_dir={tmp_path / 'checkpoints'}",
            "trainer.total_training_steps=2", "trainer.test_freq=-1", "trainer.save_freq=2",
            "trainer.val_before_train=false", "actor_rollout_ref.model.lora_rank=8",
            "actor_rollout_ref.model.lora_alpha=16", "actor_rollout_ref.actor.optim.lr=1e-2",

@@ -15,17 +15,25 @@ SPLIT = ["actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.rollout.n_g
          "actor_rollout_ref.rollout.calculate_log_probs=true"]
 
 
+def _main_ppo(data, out, *extra: str) -> subprocess.CompletedProcess:
+    """main_ppo with the demo's config on data/model/tokenizer already made by demo.prepare (`data`: its paths); the
+    checkpoints and logs under out/checkpoints, as the demo puts them."""
+    env = dict(os.environ, PYTHONPATH=ROOT, HF_HUB_OFFLINE="1")
+    args = ["--config-name", "demo", f"data.train_files={data['train']}", f"data.val_files={data['test']}",
+            f"actor_rollout_ref.model.path={data['model']}", f"trainer.default_local_dir={out / 'checkpoints'}", *SPLIT,
+            "trainer.test_freq=-1", "trainer.val_before_train=false", "trainer.plot=false", *extra]
+    proc = subprocess.run([sys.executable, "-m", "hybridrl.trainer.main_ppo", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=800)
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    return proc
+
+
 @pytest.mark.timeout(900)
-def test_split_placement_synchronous_rollout_holds_the_updated_weights(tmp_path):
+def test_split_placement_synchronous_rollout_holds_the_updated_weights(demo_prepared, tmp_path):
     """Without one_step_off_policy the actor's weights are broadcast before every generation: after an update the
     rollout's log-probs equal the actor's recomputation (fp32), so the broadcast carried the updated weights."""
     out = tmp_path / "demo"
-    env = dict(os.environ, PYTHONPATH=ROOT, HF_HUB_OFFLINE="1")
-    proc = subprocess.run([sys.executable, "-m", "hybridrl.trainer.demo", "--out", str(out), "--sft-steps", "20", *SPLIT,
-                           "trainer.total_training_steps=2", "trainer.test_freq=-1", "trainer.val_before_train=false",
-                           "trainer.plot=false"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=800)
-    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    _main_ppo(demo_prepared, out, "trainer.total_training_steps=2")
     rows = [json.loads(line) for line in open(out / "checkpoints" / "logs" / "metrics.jsonl")]
     train = [r for r in rows if "critic/score/mean" in r]
     assert [r["async/staleness"] for r in train] == [0.0, 0.0]
@@ -55,8 +63,11 @@ def test_resume_generates_the_prefetched_prompts_again(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     proc = _demo(a, "trainer.total_training_steps=3", "trainer.save_freq=2", f"trainer.rollout_data_dir={a / 'rollouts'}")
     check_one_step_off_run(proc.stdout, a)
-    _demo(b, "trainer.total_training_steps=3", "trainer.resume_mode=resume_path",
-          f"trainer.resume_from_path={a / 'checkpoints' / 'global_step_2'}", f"trainer.rollout_data_dir={b / 'rollouts'}")
+    # run b on run a's data and model (no second demo.prepare): it starts from a's checkpoint anyway
+    made = {"train": a / "data" / "train.parquet", "test": a / "data" / "test.parquet", "model": a / "model"}
+    _main_ppo(made, b, "trainer.one_step_off_policy=true", "trainer.total_training_steps=3",
+              "trainer.resume_mode=resume_path", f"trainer.resume_from_path={a / 'checkpoints' / 'global_step_2'}",
+              f"trainer.rollout_data_dir={b / 'rollouts'}")
     assert sorted(os.listdir(b / "rollouts")) == ["3.jsonl"]
     assert _prompts(b / "rollouts" / "3.jsonl") == _prompts(a / "rollouts" / "3.jsonl")
     assert _prompts(a / "rollouts" / "3.jsonl") != _prompts(a / "rollouts" / "2.jsonl")

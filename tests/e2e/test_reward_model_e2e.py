@@ -81,14 +81,17 @@ def share_with_target(path: str) -> float:
     return sum(TARGET in r["output"] for r in rows) / len(rows)
 
 
-def test_grpo_follows_a_trained_reward_model(tmp_path):
+def test_grpo_follows_a_trained_reward_model(demo_prepared, tmp_path):
     rm_dir = str(tmp_path / "rm")
     accuracy = train_reward_model(rm_dir)
     assert accuracy > 0.9, f"the reward model did not learn the property (held-out accuracy {accuracy})"
     out, dumps = tmp_path / "run", tmp_path / "rollouts"
     steps = 10
     env = dict(os.environ, PYTHONPATH=ROOT, HF_HUB_OFFLINE="1")
-    cmd = [sys.executable, "-m", "hybridrl.trainer.demo", "--out", str(out), "--sft-steps", "20",
+    # the demo's job (configs/demo.yaml) on the demo's data and warmed-up model (tests/e2e/conftest.py)
+    cmd = [sys.executable, "-m", "hybridrl.trainer.main_ppo", "--config-name", "demo",
+           f"data.train_files={demo_prepared['train']}", f"data.val_files={demo_prepared['test']}",
+           f"actor_rollout_ref.model.path={demo_prepared['model']}", f"trainer.default_local_dir={out / 'checkpoints'}",
            f"trainer.total_training_steps={steps}", "trainer.test_freq=-1", "trainer.save_freq=-1",
            "trainer.val_before_train=false", f"trainer.rollout_data_dir={dumps}", "data.return_raw_chat=true",
            "actor_rollout_ref.actor.use_kl_loss=false", "reward_model.enable=true",

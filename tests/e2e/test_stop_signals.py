@@ -18,11 +18,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 @pytest.fixture(scope="module")
-def prepared(tmp_path_factory):
-    from hybridrl.trainer.demo import prepare
-
-    model, train, test = prepare(str(tmp_path_factory.mktemp("prepared")), sft_steps=2, seed=0)
-    return {"model": model, "train": train, "test": test}
+def prepared(demo_prepared):
+    """The demo's data and tiny model (tests/e2e/conftest.py: once for the session; what it learned plays no part)."""
+    return demo_prepared
 
 
 class Run:

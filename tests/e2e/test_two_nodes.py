@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_faults import CLOCK, SYNC_PATH, kill_session, metrics_by_step, session_pids
+from tests.e2e.test_faults import CLOCK, SYNC_PATH, kill_session, metrics_by_step, session_pids, trainer_args
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
@@ -127,25 +127,19 @@ def assert_same_metrics(reference: dict, rows: dict, steps) -> None:
 
 
 @pytest.fixture(scope="module")
-def prepared(tmp_path_factory):
-    from hybridrl.trainer.demo import prepare
-
-    model, train, test = prepare(str(tmp_path_factory.mktemp("prepared")), sft_steps=20, seed=0)
-    return {"model": model, "train": train, "test": test}
+def prepared(demo_prepared):
+    """The demo's data and warmed-up tiny model (tests/e2e/conftest.py: once for the session)."""
+    return demo_prepared
 
 
 @pytest.fixture(scope="module")
-def one_node(prepared, tmp_path_factory):
-    """The reference: the job on one node of 2 worker processes (a Ray started by the job itself)."""
-    tmp = tmp_path_factory.mktemp("one_node")
-    out = tmp / "ckpt"
-    p = Proc("one_node", tmp, [sys.executable, "-m", "hybridrl.trainer.main_ppo",
-                               *job_args(prepared, out, "+ray_kwargs.ray_init.address=local")], base_env(tmp))
-    try:
-        assert p.wait() == 0, p.output[-4000:]
-    finally:
-        p.stop()
-    rows = metrics_by_step(out)
+def one_node(prepared, one_node_reference):
+    """The reference: the job on one node of 2 worker processes (a Ray started by the job itself), i.e.
+    job_args(prepared, out, "+ray_kwargs.ray_init.address=local"): test_faults.py's uninterrupted run, the same
+    command, which tests/e2e/conftest.py runs once for the session."""
+    out = one_node_reference["out"]
+    assert job_args(prepared, out, "+ray_kwargs.ray_init.address=local") == trainer_args(prepared, out)
+    rows = one_node_reference["rows"]
     assert sorted(rows) == list(range(1, STEPS + 1))
     assert len({rows[s]["actor/pg_loss"] for s in rows}) == STEPS  # it trains: steps differ
     return rows
