@@ -72,6 +72,12 @@ def _gap(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> float:
 @pytest.fixture(scope="module")
 def result(tmp_path_factory):
     pytest.importorskip("vllm")
+    from tests.fixtures.child import in_child  # one vLLM engine per process (tests/fixtures/child.py)
+
+    return in_child(_lora_run, str(tmp_path_factory.mktemp("llama_lora")))
+
+
+def _lora_run(folder: str) -> dict:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from hybridrl.utils.net import free_port
 
@@ -92,7 +98,6 @@ def result(tmp_path_factory):
     cfg = _config()
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).cuda().eval()
-    folder = str(tmp_path_factory.mktemp("llama_lora"))
     model.save_pretrained(folder)
     base = {n: t.detach().clone() for n, t in model.state_dict().items()}
     spec = RolloutLora(RANK, ALPHA, TARGETS)
