@@ -213,13 +213,13 @@ def allgather(args: argparse.Namespace) -> None:
     """Bandwidth of all_gather_into_tensor: bytes each rank ends up receiving from the others per second."""
     import torch.distributed as dist
 
-    from hybridrl.adapters.megatron import compat, parallel
-
-    if args.cpu:
-        compat.apply()
-    parallel.ensure_process_group(timeout_s=300)
+    # plain torch (NCCL, or gloo with --cpu): the probe runs on a bare GPU host, before any bundle is unpacked
+    cuda = not args.cpu and torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend="nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=300))
     world = dist.get_world_size()
-    dev = torch.device("cuda", torch.cuda.current_device()) if compat.cuda_in_use() else torch.device("cpu")
+    dev = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     total = (args.mib if not args.cpu else 8) << 20
     shard = torch.ones(total // 2 // world, dtype=torch.bfloat16, device=dev)
     out = torch.empty(shard.numel() * world, dtype=torch.bfloat16, device=dev)
