@@ -82,6 +82,7 @@ class SyncOptions:
     check: bool = True
     check_fraction: float = 1.0
     direct: bool = True  # copy shards straight into the engine where proven (hybridrl.hybrid.direct)
+    zero_copy: bool = True  # cross-GPU pieces view to view where both ends allow it (remote.py), else staged
     # LoRA with lora.merge=false: the base streams at the first push only, the adapters every push (adapter_sync.py)
     adapters: bool = False
 
@@ -106,6 +107,7 @@ class SyncOptions:
             check=rollout_cfg.sync_check.enable,
             check_fraction=rollout_cfg.sync_check.sample_fraction,
             direct=rollout_cfg.direct_weight_copy,
+            zero_copy=rollout_cfg.cross_gpu_zero_copy,
             adapters=bool(model_cfg is not None and model_cfg.lora_rank > 0 and not model_cfg.lora.merge),
         )
 
@@ -275,6 +277,7 @@ class WeightSync:
                 "reshard/remote_sent_bytes": float(remote.sent_bytes if remote is not None else 0),
                 "reshard/remote_rounds": float(len(remote.rounds) if remote is not None else 0),
                 "reshard/remote_staging_bytes": float(remote.staging_bytes if remote is not None else 0),
+                "reshard/remote_zero_copy_bytes": float(remote.zero_copy_bytes if remote is not None else 0),
                 "reshard/buckets": float(buckets),
                 "reshard/tensors": float(tensors), "reshard/max_bucket_bytes": float(biggest)}
 
@@ -300,7 +303,7 @@ class WeightSync:
         pairs = direct.pairs
         if _world() > 1:  # what the engine needs beyond this rank's own shards where the layouts differ
             local, self._remote = plan_remote(regions, self.engine, direct.names, self._group_of,
-                                              self.options.bucket_bytes)
+                                              self.options.bucket_bytes, self.options.zero_copy)
             pairs = pairs + local
         self._direct = DirectCopy(pairs) if pairs else None
         copied = (self._direct.names if self._direct else set()) | (self._remote.names if self._remote else set())

@@ -166,7 +166,9 @@ def _lora_run(folder: str) -> dict:
         rows.append(row)
         previous = actor.adapters
         print(f"[vllm lora] v{version}: {({k: v for k, v in row.items() if k != 'metrics'})}")
-    return {"rows": rows, "base_sum_q": float(base["model.layers.0.self_attn.q_proj.weight"].double().sum())}
+    # vLLM fuses q/k/v: the engine's sum under q_proj's name is qkv_proj's (checksum_terms names its members)
+    q = "model.layers.0.self_attn.q_proj.weight"
+    return {"rows": rows, "base_sum_q": sum(c * float(base[m].double().sum()) for m, c in engine.checksum_terms(q))}
 
 
 @pytest.mark.timeout(900)

@@ -98,6 +98,10 @@ class RolloutConfig:
     direct_weight_copy: bool = doc("Copy the actor's shards straight into the engine's weights where the layouts "
                                    "match (proven against load_weights at the first sync); false: always stream.",
                                    True)
+    cross_gpu_zero_copy: bool = doc(
+        "Where the rollout layout needs pieces other GPUs train (e.g. tp2 -> tp_g1, pp2 -> tp_g2), send each piece "
+        "from the actor's storage straight into the engine's weight when both are contiguous and of one dtype; "
+        "false: every such piece goes through staging buffers (bucket-sized rounds).", True)
     sync_check: SyncCheckConfig = field(default_factory=SyncCheckConfig)
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     enable_rollout_routing_replay: bool = doc(
