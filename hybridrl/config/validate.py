@@ -289,6 +289,7 @@ def _check_trainer(cfg: PPOConfig, p: _Problems) -> None:
         _choices("trainer.logger", lg, list(LOGGERS), p)
     _choices("trainer.backend", t.backend, ["ray", "local"], p)
     _choices("trainer.on_nonfinite", t.on_nonfinite, ["error", "skip"], p)
+    _choices("trainer.memory_check", t.memory_check, ["error", "warn", "skip"], p)
     p.check(t.critic_warmup >= 0, "trainer.critic_warmup must be >= 0")
     p.check(t.max_time_s is None or t.max_time_s > 0, "trainer.max_time_s must be null or > 0")
     for k in ("max_actor_ckpt_to_keep", "max_critic_ckpt_to_keep"):

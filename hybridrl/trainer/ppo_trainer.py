@@ -20,6 +20,7 @@ from typing import Any, Iterator, Optional
 from hybridrl.config import RunConfig
 from hybridrl.config.preflight import check_inputs
 from hybridrl.hybrid.checks import logprob_gap, routing_agreement
+from hybridrl.plan.device_check import check_memory
 from hybridrl.protocol import DataProto
 from hybridrl.utils import logs
 from hybridrl.utils.timing import timed
@@ -282,6 +283,7 @@ def run_ppo(run: RunConfig) -> dict[str, Any]:
         print(done, flush=True)
         return {"before": {}, "after": {}, "steps": 0, "finished": done}
     check_inputs(run)  # model, tokenizer, data and reward files: seconds, before Ray and the workers start
+    check_memory(run)  # the memory plan against this machine's GPUs (trainer.memory_check)
     clear_earlier_run(run.cfg.trainer, rank=int(os.environ.get("RANK", "0")))  # only once all of that passed
     # SIGTERM/SIGINT: stop after the step and save it (stopping.py); torchrun's ranks keep the default handlers
     signals = StopSignals(run.cfg.trainer.stop_grace_s) if run.cfg.trainer.backend == "ray" else None

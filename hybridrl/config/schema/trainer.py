@@ -46,6 +46,11 @@ class TrainerConfig:
     numa_affinity: bool = doc("Pin each GPU worker to the CPU cores of its GPU's NUMA node (sysfs local_cpulist); "
                               "no effect on CPU or where the kernel lists none.", False)
     on_nonfinite: str = doc("error | skip: what a NaN/Inf loss or grad norm does to the step.", "error")
+    memory_check: str = doc(
+        "error | warn | skip: on GPUs, before Ray and the workers start, the job's memory plan (`hybridrl plan`) for "
+        "the smallest GPU this process sees; error stops a job with a phase that does not fit, naming the phase and "
+        "the keys to turn; warn logs that and starts anyway (the plan is a model: measured peaks 0.83-1.14x of it); "
+        "skip skips it. Skipped, with a logged line, on a Ray cluster the trainer joins.", "error")
     max_time_s: Optional[float] = doc("Stop after the step that passes this many seconds of training (then the "
                                       "final validation and checkpoint run); null: no limit.", None)
     one_step_off_policy: bool = doc(
