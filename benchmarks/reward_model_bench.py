@@ -19,8 +19,15 @@ Metrics (the issue's names first; timings are medians over steps 2..N, step 1 ca
                              plus its rise in allocated bytes: onloaded weights + forward)
   plan_reward_bytes          phases.reward.total of the plan
   reward_measured_over_plan  reward_peak_bytes / plan_reward_bytes (the issue: within 1.15)
-  peak_measured_over_plan    the largest measured peak (train, rollout, reward) / the plan's peak total
-NOT RUN YET ON GPU: a lease runs `models` + `run` + `report`; `dry-run` checks the whole path here on CPU.
+  {train,rollout,ref}_peak_bytes, plan_*_bytes, *_measured_over_plan    each measured phase against its own plan
+                             phase (hybridrl/plan/report.py pairs them): train ~ the largest of train_actor,
+                             train_actor_onload, actor_step; rollout ~ rollout; ref ~ ref_log_prob
+  peak_measured_over_plan    the largest measured peak / the plan's peak total (a phase over its plan can hide here)
+  cache_held_bytes           max over steps and phases of the allocator's cache that empty_cache could not return,
+                             inside every measured peak and in no plan component (memory/*_cache_held_bytes, and the
+                             rollout's reserved - allocated)
+Step 1 runs before the optimizer's state exists (Adam's moments come with the first update), so the maxima are
+steps 2..N's. `dry-run` checks the whole path here on CPU.
 """
 from __future__ import annotations
 
@@ -38,7 +45,10 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 ARA = "actor_rollout_ref"
-PEAKS = {"train": "memory/train_peak_bytes", "rollout": "memory/rollout_used_bytes", "reward": "memory/reward_peak_bytes"}
+# measured peak -> its metric; the plan phase each is compared with is plan_totals'
+PEAKS = {"train": "memory/train_peak_bytes", "rollout": "memory/rollout_used_bytes", "reward": "memory/reward_peak_bytes",
+         "ref": "memory/ref_peak_bytes"}
+HELD = ("memory/train_cache_held_bytes", "memory/ref_cache_held_bytes", "memory/reward_cache_held_bytes")
 
 
 def make_models(folder: str, shape: str) -> tuple[str, str]:
@@ -112,17 +122,39 @@ def summarize(folder: str) -> dict[str, Any]:
     shares = [r["timing_s/reward_model"] / r["timing_s/step"] for r in timed
               if r.get("timing_s/reward_model") and r.get("timing_s/step")]
     out["rm_share_of_step"] = statistics.median(shares) if shares else None
-    measured = {k: max((r[key] for r in steps if isinstance(r.get(key), (int, float))), default=None)
-                for k, key in PEAKS.items()}
-    phases = plan.get("phases") or {}
+    measured = {k: _max(steps, key) for k, key in PEAKS.items()}
+    planned = plan_totals(plan.get("phases") or {})
     out["reward_peak_bytes"] = measured["reward"]
-    out["plan_reward_bytes"] = (phases.get("reward") or {}).get("total")
-    out["reward_measured_over_plan"] = _ratio(measured["reward"], out["plan_reward_bytes"])
+    out["plan_reward_bytes"] = planned["reward"]
+    out["reward_measured_over_plan"] = _ratio(measured["reward"], planned["reward"])
+    for name in ("train", "rollout", "ref"):
+        out[f"{name}_peak_bytes"] = measured[name]
+        out[f"plan_{name}_bytes"] = planned[name]
+        out[f"{name}_measured_over_plan"] = _ratio(measured[name], planned[name])
     peak = max((v for v in measured.values() if v), default=None)
     out["plan_peak_bytes"] = (plan.get("peak") or {}).get("bytes")
     out["peak_measured_over_plan"] = _ratio(peak, out["plan_peak_bytes"])
+    rollout_held = [r["memory/rollout_torch_reserved_bytes"] - r["memory/rollout_torch_allocated_bytes"] for r in steps
+                    if "memory/rollout_torch_reserved_bytes" in r and "memory/rollout_torch_allocated_bytes" in r]
+    held = [v for v in [*(_max(steps, key) for key in HELD), *rollout_held] if v is not None]
+    out["cache_held_bytes"] = max(held) if held else None
     out["measured_peaks_bytes"] = measured
     return out
+
+
+def plan_totals(phases: dict[str, Any]) -> dict[str, Optional[int]]:
+    """The plan's total for each measured peak (PEAKS), None where the plan has no such phase."""
+    from hybridrl.plan.report import update_peak_total
+
+    def total(name: str) -> Optional[int]:
+        return (phases.get(name) or {}).get("total")
+
+    return {"train": update_peak_total(phases), "rollout": total("rollout"), "reward": total("reward"),
+            "ref": total("ref_log_prob")}
+
+
+def _max(steps: list[dict[str, Any]], key: str) -> Optional[float]:
+    return max((r[key] for r in steps if isinstance(r.get(key), (int, float))), default=None)
 
 
 def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:

@@ -283,7 +283,9 @@ def fit_problems(plan: MemoryPlan, run: RunConfig, shape: ModelShape) -> list[Pr
             fixes = _fixes_for_step if name.endswith("_step") else _fixes_for_training
             out.append(_explain(phase, gpu, fixes(phase, run, shape)))
     ref_pass = plan.phases.get("ref_log_prob")
-    if ref_pass is not None and ref_pass.total > gpu:
+    # a resident reference's pass never exceeds train_actor (memory.py), which already names the fixes
+    offloaded = run.cfg.actor_rollout_ref.ref.megatron.param_offload
+    if ref_pass is not None and offloaded and ref_pass.total > gpu:
         out.append(_explain(ref_pass, gpu, _fixes_for_ref_pass(ref_pass, run, shape)))
     reward = plan.phases.get("reward")
     if reward is not None and reward.total > gpu:

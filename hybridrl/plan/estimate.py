@@ -183,7 +183,7 @@ def estimate(run: RunConfig, shape: ModelShape, gpu_memory_bytes: int,
         for name in PHASES:
             if name in ("train_critic", "critic_step") and not d.use_critic:
                 continue
-            if name == "ref_log_prob" and not (s.ref is not None and s.ref.offload_params):
+            if name == "ref_log_prob" and s.ref is None:
                 continue
             if name == "reward" and s.rm is None:
                 continue

@@ -64,10 +64,11 @@ Phases (each component is 0 when absent; totals are for the busiest pipeline sta
     train_critic  the critic's update (PPO with GAE): its whole state (the critic's idle offload brings all of it
                   back for its calls) + activations
     critic_step   the critic's optimizer step: its whole state + optimizer_step, no activations
-    ref_log_prob  the reference's log-prob pass, planned when ref.megatron.param_offload is set (otherwise the
-                  reference's params are counted in the phases above, and a forward pass holds no more than an
-                  update): the reference's params come back beside the actor's params and grads (and its
-                  optimizer state without the hybrid engine), plus a forward-only pass's activations
+    ref_log_prob  the reference's log-prob pass (every job with a reference of its own; memory/ref_peak_bytes is
+                  measured against it): the reference's params (onloaded for the pass with ref.megatron.param_offload)
+                  beside the actor's params and grads (and its optimizer state unless optimizer_offload left it on
+                  the host), plus a forward-only pass's activations. Without param_offload it never exceeds
+                  train_actor, which counts the same state and the larger of the two passes' activations
     rollout       generation: vLLM's share + what the training roles keep after offload (a split placement,
                   actor_rollout_ref.hybrid_engine=false: one of the rollout's own GPUs, vLLM's share only)
     reward        the reward model's forward pass (reward_model.enable): its params (params only: it never trains;

@@ -33,7 +33,11 @@ config itself was refused). All memory values are bytes per GPU.
     summary             validate()'s RunConfig.summary() text
 
 To compare with a measured run: `phases.<phase>.total - overhead` against torch.cuda.max_memory_allocated()
-in that phase (the allocator's view), or `total` against the device's used memory (nvidia-smi / NVML).
+in that phase (the allocator's view), or `total` against the device's used memory (nvidia-smi / NVML). The trainer's
+metrics pair up as memory/train_peak_bytes ~ the largest of train_actor, train_actor_onload and actor_step;
+memory/ref_peak_bytes ~ ref_log_prob; memory/reward_peak_bytes ~ reward; memory/rollout_used_bytes ~ rollout. Each
+measured peak includes memory/<phase>_cache_held_bytes (cache the allocator cannot return), which only `overhead`
+covers.
 """
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ from typing import Any, Optional
 from hybridrl.config import RunConfig
 from hybridrl.controller import Dispatch, Worker, register, register_mesh_dispatch_mode
 from hybridrl.protocol import DataProto
-from hybridrl.utils.device import device_memory_used, train_peak_memory
+from hybridrl.utils.device import device_memory_used, peak_metrics, train_peak_memory
 from hybridrl.utils.imports import load_object
 from hybridrl.utils.net import free_port
 from hybridrl.utils.timing import timed
@@ -197,7 +197,7 @@ class ActorRolloutRefWorker(Worker):
             out = self.ref.compute_log_prob(data, calculate_entropy=False)
         result = DataProto.from_dict({"ref_log_prob": out.batch["log_probs"]})
         if peak:
-            result.meta_info["metrics"] = {"memory/ref_peak_bytes": float(peak["bytes"])}
+            result.meta_info["metrics"] = peak_metrics("ref", peak)
         return result
 
     @register(Dispatch.MESH_COMPUTE_PROTO)
@@ -208,8 +208,7 @@ class ActorRolloutRefWorker(Worker):
         if self.sync is not None:  # optimizer_offload: the state starts for the host beside what follows
             self.sync.after_update()
         metrics["timing_s/update_actor_worker"] = time.perf_counter() - start
-        if peak:
-            metrics["memory/train_peak_bytes"] = float(peak["bytes"])
+        metrics.update(peak_metrics("train", peak))
         return DataProto(meta_info={"metrics": metrics})
 
     # ------------------------------------------------------------------ split placement: weights by broadcast
