@@ -214,12 +214,15 @@ def layout_runs(models, reference, tmp_path_factory):
             for n in names:
                 argv += [*(["--next"] if argv else []), "--models", models, "--out", str(root / n),
                          "--resume-ckpt", reference["ckpt"], *LAYOUTS[n][1]]
+            nproc = nprocs.pop()
             try:
-                launch.torchrun("run_layout.py", nprocs.pop(), argv, LAUNCH_TIMEOUT)
-                outcome = {n: launch.rank_results(str(root / n)) for n in names}
+                launch.torchrun("run_layout.py", nproc, argv, LAUNCH_TIMEOUT)
+                done.update({n: launch.rank_results(str(root / n)) for n in names})
             except AssertionError as e:
-                outcome = dict.fromkeys(names, f"the launch of layouts {', '.join(names)} failed: {e}")
-            done.update(outcome)
+                # the layouts that finished before the failure (every rank wrote its file) are still checked
+                for n in names:
+                    ranks = launch.rank_results(str(root / n))
+                    done[n] = ranks if len(ranks) == nproc else f"the launch of layouts {', '.join(names)} failed: {e}"
         if isinstance(done[name], str):
             raise AssertionError(done[name])
         return done[name]
