@@ -114,12 +114,8 @@ def corrupt_and_sync(sync: WeightSync, plan: ReshardPlan, actor, vocab: int, ste
     return caught
 
 
-def main() -> None:
-    from hybridrl.adapters.megatron.parallel import ensure_process_group
-
-    torch.set_num_threads(1)
-    ensure_process_group(timeout_s=120)
-    out_dir, hf_dir = sys.argv[1], sys.argv[2]
+def run(out_dir: str, hf_dir: str) -> None:
+    """Every layout (the process group is up); this rank's reports in OUT_DIR/rank<RANK>.json."""
     hf_cfg = AutoConfig.from_pretrained(hf_dir, local_files_only=True)
     engine = TorchRolloutEngine(hf_cfg, pad_token_id=0)
     results = []
@@ -128,6 +124,14 @@ def main() -> None:
     with open(os.path.join(out_dir, f"rank{dist.get_rank()}.json"), "w") as f:
         json.dump(results, f)
     dist.barrier()
+
+
+def main() -> None:
+    from hybridrl.adapters.megatron.parallel import ensure_process_group
+
+    torch.set_num_threads(1)
+    ensure_process_group(timeout_s=120)
+    run(sys.argv[1], sys.argv[2])
     dist.destroy_process_group()
 
 

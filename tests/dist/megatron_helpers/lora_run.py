@@ -1,7 +1,9 @@
-"""One torchrun launch of the LoRA checks in one layout (tp = world size / pp); writes rank<N>.json.
+"""One torchrun launch of the LoRA checks in one layout (tp = world size / pp), or in several one after the other
+(their argument lists separated by --next; megatron's groups rebuilt for each, as run_layout.py does); writes
+rank<N>.json in each layout's --out.
 
     python -m torch.distributed.run --nproc_per_node=N --standalone lora_run.py --models DIR --out DIR [--pp P --vpp V]
-        [--save-ckpt DIR] [--export DIR] [--resume-ckpt DIR]
+        [--save-ckpt DIR] [--export DIR] [--resume-ckpt DIR] [--next --models DIR --out DIR2 ...]
 
 With the PEFT adapter the test saved (models/adapter, random non-zero A and B) loaded through lora_adapter_path:
 log-probs vs peft's (lora_refs.pt), the reference (adapters off) vs the base model's, the adapters' gradients of
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import os
 import sys
 
@@ -24,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
 
 import tiny  # noqa: E402
-from run_layout import actor_cfgs, batch_plan, finish, ppo_data  # noqa: E402
+from run_layout import actor_cfgs, batch_plan, ppo_data, write_results  # noqa: E402
 
 from hybridrl.adapters.megatron import parallel  # noqa: E402
 from hybridrl.config.schema.actor import ModelConfig, RefConfig  # noqa: E402
@@ -145,6 +148,19 @@ def run(args, layout) -> dict:
 
 
 def main() -> None:
+    layouts: list[list[str]] = [[]]
+    for a in sys.argv[1:]:
+        if a == "--next":
+            layouts.append([])
+        else:
+            layouts[-1].append(a)
+    parallel.ensure_process_group(timeout_s=300)
+    for argv in layouts:
+        run_layout(argv)
+    dist.destroy_process_group()
+
+
+def run_layout(argv: list[str]) -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--models", required=True)
     p.add_argument("--out", required=True)
@@ -153,13 +169,14 @@ def main() -> None:
     p.add_argument("--resume-ckpt", default=None)
     p.add_argument("--pp", type=int, default=1)
     p.add_argument("--vpp", type=int, default=None)
-    args = p.parse_args()
-    parallel.ensure_process_group(timeout_s=300)
+    args = p.parse_args(argv)
     world = dist.get_world_size()
     args.tp, args.sp, args.ep = world // args.pp, False, 1
     layout = parallel.layout_for(world, tp=args.tp, pp=args.pp, vpp=args.vpp)
     parallel.init_megatron(layout, seed=7)
-    finish(args.out, {"rank": dist.get_rank(), **run(args, layout)})
+    write_results(args.out, {"rank": dist.get_rank(), **run(args, layout)})
+    parallel.destroy_megatron()
+    gc.collect()
 
 
 if __name__ == "__main__":
