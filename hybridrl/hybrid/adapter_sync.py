@@ -8,11 +8,12 @@ Ordering inside WeightSync.push (every rank runs it; the export is collective):
                    record checksums of what the engine will hold (engine.adapter_as_held), engine.load_adapter(bucket)
                engine.finish_adapter_sync(version)      fails if an adapter tensor was not sent; requests use it now
   checks       engine.adapter_checksums(sampled names) vs the sender's sums -> WeightSyncError naming the tensor
-The engine keeps its base across sleeps (the torch engine's level-1 sleep; the vLLM LoRA engine sleeps at level 1,
-weights to host memory, see hybridrl/rollout/vllm_lora.py), so a push moves only the adapters: reshard/bytes is
-their size. The sender's sums of a bucket's adapters are taken in a few kernels for an engine that compares within a
-tolerance (a 7B model has 392 of them at rank 32, all-linear: about 2,700 kernel launches one at a time). The version
-is a counter of pushes (1, 2, ...), never reused, so that an engine may key caches by it.
+The engine keeps its base across sleeps (the torch engine's level-1 sleep; the vLLM LoRA engine keeps it on the GPU
+and frees the KV cache alone, or sleeps at level 1 with the weights in host memory: hybridrl/rollout/vllm_lora.py), so
+a push moves only the adapters: reshard/bytes is their size. The sender's sums of a bucket's adapters are taken in a
+few kernels for an engine that compares within a tolerance (a 7B model has 392 of them at rank 32, all-linear: about
+2,700 kernel launches one at a time). The version is a counter of pushes (1, 2, ...), never reused, so that an engine
+may key caches by it.
 """
 from __future__ import annotations
 
