@@ -338,7 +338,7 @@ def lora_7b(variant: str):
                      f"{ARA}.rollout.gpu_memory_utilization={c.knob('GPU_UTIL')}", *VARIANTS_7B[variant],
                      *c.words("LORA_ARGS")]
         yield Step(f"lora_7b_{variant}", 560, (c.python, "-m", "hybridrl.trainer.main_ppo", *overrides))
-        yield Show((f"{run}.log",), r"start-up|vLLM LoRA|Error|error:", tail=4)
+        yield Show((f"{run}.log",), r"start-up|vLLM LoRA|lora_base_resident|Error|error:", tail=4)
     return steps
 
 

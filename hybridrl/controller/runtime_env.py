@@ -21,6 +21,8 @@ import threading
 import time
 from typing import Any, Iterable, Iterator, Mapping
 
+from hybridrl.config.placement import joins_cluster  # noqa: F401  (the trainer and the plan ask it too)
+
 __all__ = ["DEFAULT_EXCLUDES", "build_runtime_env", "forwarded_env", "init_ray", "describe_runtime_env"]
 
 logger = logging.getLogger(__name__)
@@ -116,9 +118,6 @@ def describe_runtime_env(env: Mapping[str, Any]) -> str:
     return f"runtime_env(working_dir={wd!r}, excludes={len(env.get('excludes', []))} patterns, env_vars={names})"
 
 
-def joins_cluster(address: str | None) -> bool:
-    """Whether init_ray(address=...) joins a running cluster (an address, or RAY_ADDRESS) instead of starting one."""
-    return address not in (None, "local") or (address is None and bool(os.environ.get("RAY_ADDRESS")))
 
 
 def cpus_per_process(local_cpus: int, processes: int, per_node: int, joined: bool) -> float:

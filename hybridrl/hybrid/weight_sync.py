@@ -34,7 +34,9 @@ Ordering (every rank runs it; the export is collective, so all ranks take the sa
   (generate)
   release()
     8. engine.sleep()                        when free_cache_engine: free weights + KV cache (an engine with LoRA
-                                             adapters keeps its base: vLLM's goes to host memory, level 1)
+                                             adapters keeps its base: vLLM's stays on the GPU with only the KV cache
+                                             freed where the plan fits it, rollout.lora_base_resident, else goes to
+                                             host memory, level 1; step 2 then wakes nothing for a resident base)
     9. actor.onload(params of 6, grads)      training state back for log-probs and the update; an offloaded
                                              optimizer state stays on the host until the update's first
                                              optimizer step brings it back (MegatronRole._optimizer_on_device),

@@ -108,7 +108,7 @@ def refusal_message(problems: list[Problem], where: str, gpu_bytes: int) -> str:
 def _cluster_reason(run: RunConfig) -> Optional[str]:
     """Why this process cannot see the job's GPUs, or None. With the Ray backend on a cluster it joins, the workers
     may land on other nodes; torchrun's ranks (backend=local) each see their own node."""
-    from hybridrl.controller.runtime_env import joins_cluster
+    from hybridrl.config.placement import joins_cluster
 
     t = run.cfg.trainer
     address = run.cfg.ray_kwargs.ray_init.get("address")

@@ -17,7 +17,9 @@ config itself was refused). All memory values are bytes per GPU.
                         forward_tokens_per_micro_batch, micro_batches_in_flight, rollout_engine, rollout_tp,
                         rollout_dp, gpu_memory_utilization, free_cache_engine, use_reference, use_critic,
                         ep, etp, expert_dp, alltoall_bytes_per_layer (MoE: one layer's all-to-all receive
-                        buffers of a training micro-batch, included in phases.train_actor.activations)
+                        buffers of a training micro-batch, included in phases.train_actor.activations),
+                        rollout_base_resident (LoRA on vLLM: the engine keeps its base on the GPU while asleep,
+                        counted as rollout_weights in every phase; rollout.lora_base_resident)
     phases              {train_actor, train_actor_onload, actor_step, train_critic, critic_step, ref_log_prob, rollout,
                         reward}: each {<component>: bytes, ..., total, stage} or null where the job has no such phase
                         (train_actor_onload: the forward/backward while the offloaded optimizer state comes back beside
@@ -94,6 +96,8 @@ def to_json_dict(run: Optional[RunConfig], shape: Optional[ModelShape], plan: Op
         out["model"] = shape.to_dict()
     if plan is not None:
         out.update(overhead_bytes=plan.overhead_bytes, **plan.to_dict())
+        if out["layout"] is not None:
+            out["layout"]["rollout_base_resident"] = plan.rollout_base_resident
     return out
 
 

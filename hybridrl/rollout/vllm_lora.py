@@ -19,12 +19,14 @@ in_local], lora_b_stacked [slots, 1, out_local, max_rank] per packed member):
 Requests carry LoRARequest(name "hybridrl-v<version>", ADAPTER_ID): the id is registered, so vLLM never reads the
 placeholder path; the name changes with the version because vLLM's prefix cache keys blocks by it.
 
-Sleep: the base is loaded once, so the engine sleeps at level 1 (weights and the adapter slots to host memory and
-back, vLLM's own offload) instead of level 2, which would discard them; free_cache_engine=false keeps everything on
-the GPU (no host round trip, the KV cache stays allocated).
+Sleep: the base is loaded once, so it must survive the engine's sleep (level 2 would discard it). With `base_resident`
+(rollout.lora_base_resident, resolved by the memory plan: hybridrl.plan.estimate) the base and the adapter slots stay
+mapped on the GPU and the sleep frees the KV cache alone (vllm_kv_sleep.py): no copy of the base at any sleep or
+wake. Without it the engine sleeps at level 1, vLLM's own offload of the weights and slots to host memory and back
+(0.42 s + 0.49 s a step for the 7B on an H100). free_cache_engine=false keeps everything on the GPU, KV cache too.
 
 Invariant of the in-place path: nothing re-activates the registered LoRAModel (which keeps the first version's
-tensors) between syncs: one adapter in one slot, no LRU eviction, and level-1 sleep restores the slots as they were.
+tensors) between syncs: one adapter in one slot, no LRU eviction, and either sleep leaves the slots as they were.
 The checks read the slots back (`adapter_checksums`), so a re-activation would show at the next sync's check.
 """
 from __future__ import annotations
@@ -35,8 +37,12 @@ from typing import Any, Iterable, Optional
 
 import torch
 
+from hybridrl.utils.checksum import checksums
+from hybridrl.utils.device import synchronize
+
 from .lora import AdapterLoadError, RolloutLora, peft_module, peft_name
 from .vllm_engine import VLLMRolloutEngine
+from .vllm_kv_sleep import allocator_ops, set_kv_mapped
 from .vllm_weights import _vllm_name
 
 log = logging.getLogger(__name__)
@@ -210,18 +216,29 @@ def register(manager: Any, tensors: dict[str, torch.Tensor], lora: RolloutLora, 
     manager.activate_adapter(lora_id)
 
 
+def _after_kv_wake(worker: Any) -> None:
+    """What vLLM's worker does after mapping its KV cache back (gpu_worker.wake_up): a quantized KV cache is zeroed
+    and its scales reset."""
+    worker.model_runner.post_kv_cache_wake_up()
+
+
 # ------------------------------------------------------------------------------------------ the engine
 class VLLMLoraEngine(VLLMRolloutEngine):
     """The colocated vLLM engine with one LoRA adapter updated in place each step (module docstring)."""
 
     def __init__(self, model_dir: str, *, lora: RolloutLora, engine_kwargs: Optional[dict[str, Any]] = None,
-                 **kwargs: Any) -> None:
+                 base_resident: bool = False, **kwargs: Any) -> None:
+        """base_resident: the base stays on the GPU while the engine sleeps, only the KV cache is freed (module
+        docstring); false: vLLM's level-1 sleep."""
         user = dict(engine_kwargs or {})
         if user.get("fully_sharded_loras"):
             raise ValueError("actor_rollout_ref.rollout.engine_kwargs.vllm.fully_sharded_loras: the adapter sync "
                              "writes vLLM's default (partly sharded) LoRA layout only; drop it")
         super().__init__(model_dir, engine_kwargs={**user, **vllm_lora_kwargs(lora)}, **kwargs)
         self.lora = lora
+        self.base_resident = base_resident
+        self._kv_ops = allocator_ops() if base_resident else None  # a vLLM whose allocator differs fails here
+        self.sleeps = {"kv_only": 0, "level1": 0}  # how this engine slept so far (the GPU test reads it)
         self._wrapped: set[str] = self.llm.apply_model(wrapped_modules)[0]
         self._names: frozenset[str] = self.llm.apply_model(
             lambda model: adapter_names(model.lora_manager, lora.targets))[0]
@@ -241,8 +258,34 @@ class VLLMLoraEngine(VLLMRolloutEngine):
         return _BaseNames(model)
 
     def sleep(self, level: int = 1) -> None:
-        """Level 1 always: the base (and the adapter slots) must come back as they were, not be reloaded."""
-        super().sleep(level=1)
+        """The base (and the adapter slots) must come back as they were, not be reloaded: resident, only the KV cache
+        is freed; else level 1 always."""
+        if not self.base_resident:
+            super().sleep(level=1)
+            self.sleeps["level1"] += 1
+            return
+        if self._asleep:
+            return
+        if not self.llm.reset_prefix_cache():  # the KV is discarded: no block may be found by its hash again
+            raise RuntimeError("VLLMLoraEngine.sleep: vLLM refused to reset its prefix cache (requests still running)")
+        synchronize()  # nothing may still read the KV cache when its memory goes
+        allocator, unmap, create = self._kv_ops
+        set_kv_mapped(allocator, False, unmap, create)
+        torch.cuda.empty_cache()  # as vLLM's sleep: the generation's cached blocks go back too
+        self._asleep, self._kv_awake = True, False
+        self.sleeps["kv_only"] += 1
+
+    def wake_up(self, tags: Optional[list[str]] = None) -> None:
+        """Resident base: "weights" are awake already; "kv_cache" maps the KV cache back at its addresses."""
+        if not self.base_resident:
+            super().wake_up(tags)
+            return
+        if tags is None or "kv_cache" in tags:
+            allocator, unmap, create = self._kv_ops
+            if set_kv_mapped(allocator, True, unmap, create):
+                self.llm.collective_rpc(_after_kv_wake)
+            self._kv_awake = True
+        self._asleep = False
 
     # ------------------------------------------------------------------ the adapters
     def load_adapter(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -323,7 +366,7 @@ class VLLMLoraEngine(VLLMRolloutEngine):
         if self._places is None or any(self._places.get(n) is None for n in wanted):
             raise KeyError(f"adapter_checksums: no slot view for {[n for n in wanted if not (self._places or {}).get(n)][:3]}")
         places = [self._places[n] for n in wanted]
-        local = torch.stack([p.dst.double().sum() for p in places])
+        local = checksums([p.dst for p in places])[0]  # a few kernels for the hundreds of slots, not two a slot
         if self.tp_size > 1:
             from .vllm_weights import _tp_group
 

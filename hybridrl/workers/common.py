@@ -92,8 +92,32 @@ def build_rollout_engine(run: RunConfig, model_dir: str, hf_config: Any, tokeniz
     from hybridrl.rollout.factory import build_engine
 
     ara, d = run.cfg.actor_rollout_ref, run.derived
+    lora = None if d.placement.split else rollout_lora(ara.model)
     return build_engine(d.rollout.engine, model_dir, ara.rollout, tp_g=d.rollout.tp, tokenizer=tokenizer,
                         hf_config=hf_config, device=device, trust_remote_code=ara.model.trust_remote_code,
                         max_model_len=run.cfg.data.max_prompt_length + run.cfg.data.max_response_length,
-                        max_batch_rows=max_batch_rows,
-                        lora=None if d.placement.split else rollout_lora(ara.model))
+                        max_batch_rows=max_batch_rows, lora=lora,
+                        lora_base_resident=lora is not None and lora_base_resident(run, hf_config, device))
+
+
+def lora_base_resident(run: RunConfig, hf_config: Any, device: torch.device) -> bool:
+    """rollout.lora_base_resident resolved as `hybridrl plan` resolves it on this GPU (auto: the base stays on the GPU
+    where every phase fits with it; hybridrl.plan.estimate.estimate). A shape the plan cannot read: level-1 sleep."""
+    from hybridrl.config.lora_checks import base_resident_mode
+    from hybridrl.plan.estimate import estimate
+    from hybridrl.plan.model_shape import from_hf_config
+
+    mode = base_resident_mode(run.cfg.actor_rollout_ref.rollout.lora_base_resident)
+    if device.type != "cuda" or mode is not None:
+        return bool(mode)
+    config = hf_config.to_dict() if hasattr(hf_config, "to_dict") else hf_config
+    try:
+        plan = estimate(run, from_hf_config(config), torch.cuda.get_device_properties(device).total_memory)
+    except Exception as e:  # a shape the plan cannot read: vLLM's level-1 sleep, as before the key existed
+        log.warning("rollout.lora_base_resident=auto: no memory plan for this model (%s); the LoRA base goes to host "
+                    "memory at every sleep", e)
+        return False
+    for note in plan.notes:
+        if note.startswith("LoRA:"):
+            log.info("%s", note)
+    return plan.rollout_base_resident

@@ -351,8 +351,10 @@ def test_vllm_lora_engine_loads_once_through_vllm_then_writes_in_place(monkeypat
     """VLLMLoraEngine's adapter flow on a stand-in for vllm.LLM (tp 1): the first version goes through vLLM's loader
     (here `register` stood in by what vLLM's does: bf16 cast, B *= scaling, set_lora into the first free slot), the
     slots prove, and the next versions are written in place (the loader not called again); the engine's slot sums
-    pass WeightSync's checks against the sender's sums of adapter_as_held; a missing tensor is named."""
-    from hybridrl.hybrid.checks import SentChecksums, compare_checksums
+    pass WeightSync's checks against the sender's sums of adapter_as_held (adapter_sync.py: taken a bucket at a time
+    in a few kernels, the engine's tolerance being nonzero); a missing tensor is named."""
+    from hybridrl.hybrid.adapter_sync import check_adapters, stream_adapters
+    from hybridrl.hybrid.checks import SentChecksums
     from hybridrl.rollout import vllm_lora
 
     h, f, heads, kv, d, r = 16, 24, 4, 2, 4, 4
@@ -401,22 +403,31 @@ def test_vllm_lora_engine_loads_once_through_vllm_then_writes_in_place(monkeypat
             out[peft_name(f"model.layers.0.{block}.{m}", "B")] = torch.randn(o, r, generator=g)
         return out
 
+    class Actor(StubActor):
+        def export_weights(self, bucket_bytes, names=None):
+            raise AssertionError("an adapter-only sync exports no base")
+
+        def export_adapter_weights(self, bucket_bytes):
+            yield items[:5]
+            yield items[5:]
+
     for v in (1, 2, 3):
         tensors = version(v)
         sent = SentChecksums(v, 1.0)
         items = list(tensors.items())
-        for bucket in (items[:5], items[5:]):
-            for n, t in bucket:
-                sent.record(n, engine.adapter_as_held(n, t))
-            engine.load_adapter(bucket)
-        engine.finish_adapter_sync(v)
+        metrics = stream_adapters(Actor(), engine, 1 << 20, v, sent)
+        assert metrics["reshard/adapter_tensors"] == len(tensors) and metrics["reshard/adapter_buckets"] == 2
         assert engine._in_place and registered == [vllm_lora.ADAPTER_ID]  # loaded by vLLM once, then in place
         assert engine._request_kwargs()["lora_request"].lora_name == f"hybridrl-v{v}"
-        checked = compare_checksums(sent, engine.adapter_checksums(sent.names()), rtol=engine.checksum_rtol)
-        assert checked["sync_check/tensors_checked"] == len(tensors)
+        checked = check_adapters(engine, sent)
+        assert checked["sync_check/adapter_tensors_checked"] == len(tensors)
         for name, t in tensors.items():  # the slot holds exactly what vLLM's loader would have put there
             place = engine._places[name]
             assert torch.equal(place.dst, place.expected(t)), (v, name)
+    wrong = next(n for n in tensors if n.endswith("v_proj.lora_B.weight"))
+    engine._places[wrong].dst[0, 0] += 1  # one slot value off: the batched sums still name it
+    with pytest.raises(WeightSyncError, match="v_proj.lora_B"):
+        check_adapters(engine, sent)
     engine.load_adapter(items[:5])
     with pytest.raises(AdapterLoadError, match=f"did not send {len(items) - 5} tensor"):
         engine.finish_adapter_sync(4)

@@ -61,6 +61,11 @@ class RolloutConfig:
         "Batch sizes vLLM captures CUDA graphs for; null: vLLM's sizes up to the largest batch a replica generates "
         "(train_batch_size x n or a validation batch, per replica), not its default list up to 512.", None)
     free_cache_engine: bool = doc("Sleep the engine (free weights + KV cache) after each generation.", True)
+    lora_base_resident: str = doc(
+        "auto | true | false. LoRA with the adapter-only sync (model.lora_rank > 0, lora.merge=false) on vLLM: the "
+        "frozen base stays on the GPU while the engine sleeps and only the KV cache is freed, so no sleep or wake "
+        "copies it (false: vLLM's level-1 sleep, the base to host memory and back every step). auto: true when "
+        "`hybridrl plan` finds every phase fits with the base counted in the training phases, else false.", "auto")
     tensor_model_parallel_size: int = doc("tp_g: GPUs per rollout replica.", 2)
     nnodes: int = doc("Nodes of the rollout's own GPUs when actor_rollout_ref.hybrid_engine=false (0: colocated).", 0)
     n_gpus_per_node: int = doc("The rollout's own GPUs per node (on CPU: processes) when "
