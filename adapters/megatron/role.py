@@ -45,7 +45,7 @@ class MegatronRole:
         self.layout = layout
         self.megatron = megatron
         self.value_head = value_head
-        self.head_bias = head_bias  # the value/score head has a bias (a *ForTokenClassification reward model)
+        self.head_bias = head_bias  # the value/score head has a bias (HF *ForTokenClassification's score.bias)
         self.remove_padding = remove_padding  # micro-batches packed into one THD sequence (forward.pack_thd)
         overrides = {"calculate_per_token_loss": True, **(transformer_overrides or {}),
                      **megatron.override_transformer_config}
@@ -103,7 +103,7 @@ class MegatronRole:
         export_adapter_weights() each step (hybridrl/hybrid/adapter_sync.py)."""
         merged = lora_mod.merged_params(self.engine.chunks) if self.lora is not None and self.lora.merge else None
         return export_hf_weights(self.engine.chunks, self.arch, self.layout, bucket_bytes, value_head=self.value_head,
-                                 names=names, params=merged)
+                                 names=names, params=merged, head_bias=self.head_bias)
 
     def export_adapter_weights(self, bucket_bytes: int) -> Iterator[WeightBucket]:
         """LoRA: the adapters only, as (PEFT name, full tensor) buckets on every rank (collective)."""
@@ -116,7 +116,8 @@ class MegatronRole:
         if self.lora is not None:  # merged: the live params are not what the engine needs; adapters: the base syncs once
             return None
         if self._regions is None:
-            self._regions = local_regions(self.engine.chunks, self.arch, self.layout, value_head=self.value_head) or []
+            self._regions = local_regions(self.engine.chunks, self.arch, self.layout, value_head=self.value_head,
+                                          head_bias=self.head_bias) or []
         return self._regions or None
 
     def offload(self, params: bool, grads: bool, optimizer: bool) -> OffloadReport:

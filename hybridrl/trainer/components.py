@@ -62,6 +62,7 @@ class Components:
     backend: str
     startup: StartupClock
     reward_model_group: Optional[WorkerGroup] = None  # reward_model.enable: the reward model's workers (actor's processes)
+    resumed_loader_state: Optional[dict] = None  # the loader state of the checkpoint resumed from (None: a fresh start)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -140,6 +141,7 @@ class Components:
         if self.critic_group is not None:
             self.critic_group.load_checkpoint(os.path.join(path, "critic"))
         self.train_loader.load_state_dict(state.dataloader)
+        self.resumed_loader_state = state.dataloader  # also what the fully async mode records there (spilled.py)
         if "value" in state.kl_ctrl:
             self.kl_ctrl.value = float(state.kl_ctrl["value"])
         restore_rng_state(state.rng)

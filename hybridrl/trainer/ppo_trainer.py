@@ -34,6 +34,7 @@ from .metrics import compute_data_metrics, compute_throughput_metrics, compute_t
 from .one_step_off import OneStepOffStream
 from .profiling import StepProfile
 from .run_folder import check_run_folder, clear_earlier_run
+from .spilled import Carried, SpillLedger, carry
 from .stopping import RunStopped, StopSignals
 
 ACTOR_HEALTH = ("actor/pg_loss", "actor/grad_norm")
@@ -55,6 +56,7 @@ class PPOTrainer:
         self.last_val: dict[str, float] = {}
         groups = [parts.actor_group, parts.critic_group, parts.rollout_group, parts.reward_model_group]
         self.profile = StepProfile.from_run(run, groups)  # global_profiler: None when off
+        self.carried: Optional[Carried] = None  # fully async, resumed: the spilled groups to train first
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict[str, float]:
@@ -108,6 +110,7 @@ class PPOTrainer:
         self.global_step = self.parts.resume()
         if self.global_step:
             self.parts.startup.lap("resume")
+            self.carried = self.read_spilled()  # before validation: a damaged file stops the run at once
         t = self.cfg.trainer
         if t.val_before_train or t.val_only:
             self.first_val = self.last_val = self.validate()
@@ -122,10 +125,9 @@ class PPOTrainer:
         prompts, steps = parts.prompt_batches(), max(parts.total_steps - start, 0)
         if placement.fully_async:
             assert isinstance(parts.generation, SplitGeneration), "fully async runs on rollout workers of their own"
-            t = self.cfg.trainer
-            spill = os.path.join(os.path.expanduser(t.default_local_dir), self.cfg.async_training.queue_samples_dir)
             return FullyAsyncStream(prompts, parts.generation, self.sampler, placement.fully_async, start_step=start,
-                                    steps=steps, spill_dir=spill, call_timeout_s=t.worker_timeout_s)
+                                    steps=steps, spill_dir=self.spill_dir(), call_timeout_s=self.cfg.trainer.worker_timeout_s,
+                                    snapshot=parts.train_loader.state_dict, carried=self.carried)
         if placement.one_step_off:
             return OneStepOffStream(prompts, self.sampler, start_step=start, steps=steps,
                                     snapshot=parts.train_loader.state_dict)
@@ -133,6 +135,23 @@ class PPOTrainer:
         return RolloutStream(prompts, self.sampler, start_step=start, steps=steps,
                              train_batch_size=self.cfg.data.train_batch_size,
                              filter_metric=fg.metric if fg.enable else None, max_num_gen_batches=fg.max_num_gen_batches)
+
+    def spill_dir(self) -> str:
+        return os.path.join(os.path.expanduser(self.cfg.trainer.default_local_dir),
+                            self.cfg.async_training.queue_samples_dir)
+
+    def read_spilled(self) -> Optional[Carried]:
+        """Fully async: the finished groups this run wrote to its spill folder before the checkpoint resumed from
+        was superseded, and not consumed by then (spilled.py); None in the other modes."""
+        plan = self.derived.placement.fully_async
+        if not plan:
+            return None
+        loader = self.parts.train_loader.state_dict()
+        ledger = SpillLedger.from_loader_state(self.parts.resumed_loader_state)
+        carried = carry(self.spill_dir(), ledger, (loader["epoch"], loader["position"]), self.global_step)
+        for line in carried.report(self.spill_dir(), self.global_step, plan.max_lag):
+            print(f"hybridrl: fully async resume: {line}", flush=True)
+        return carried
 
     def stopped_by_signal(self, saved: bool) -> None:
         signal.setitimer(signal.ITIMER_REAL, 0)  # the step is saved: the rest of the shut-down may take its time
