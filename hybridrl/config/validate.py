@@ -295,6 +295,8 @@ def _check_trainer(cfg: PPOConfig, p: _Problems) -> None:
         v = getattr(t, k)
         p.check(v is None or v >= 1, f"trainer.{k}={v} must be null or >= 1")
     p.check(t.worker_timeout_s > 0 and t.dist_timeout_s > 0, "trainer.worker_timeout_s and trainer.dist_timeout_s must be > 0")
+    p.check(cfg.ray_kwargs.connect_timeout_s > 0,
+            f"ray_kwargs.connect_timeout_s={cfg.ray_kwargs.connect_timeout_s} must be > 0")
 
 
 def _check_profiler(cfg: PPOConfig, p: _Problems) -> None:
