@@ -30,6 +30,29 @@ from .phases import Phases
 LossFn = Callable[[torch.Tensor, MicroBatch], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 
+def check_interleaved_count(count: int, pp: int, chunks: int, group: Optional[int]) -> None:
+    """Refuse a training pass that megatron-core 0.16's interleaved schedule would deadlock in.
+
+    With virtual stages the first pipeline stage runs 2*(pp-1) + (chunks-1)*group forward passes before its first
+    backward (get_pp_rank_microbatches; group = microbatch_group_size_per_vp_stage, pp by default). When that covers
+    all count*chunks of them, it never posts the receive for the first gradient in its warm-up, while the last
+    stage, already in 1F1B, sends that gradient. With variable sequence lengths (builder.py) every send is preceded
+    by a blocking exchange of shapes that waits on its sends too: the last stage waits for the first to take the
+    gradient's shape, the first waits for the last to take its next activation, and neither returns. With count a
+    multiple of pp (batching.py) this is exactly count == pp; 2*pp or more never deadlocks. Seen on gloo
+    (tests/dist/test_megatron_interleaved.py); refused on every device, as the same exchange runs over NCCL.
+    """
+    if chunks <= 1 or pp <= 1:
+        return
+    warmup = 2 * (pp - 1) + (chunks - 1) * (group or pp)
+    if warmup >= count * chunks:
+        raise ValueError(f"{count} micro-batches cannot train with pipeline_model_parallel_size={pp} and "
+                         f"virtual_pipeline_model_parallel_size={chunks}: megatron-core's interleaved schedule would "
+                         f"deadlock (its first stage runs them all in warm-up); give each dp rank at least {2 * pp} "
+                         "micro-batches per mini-batch (a larger ppo_mini_batch_size) or unset "
+                         "virtual_pipeline_model_parallel_size")
+
+
 class Engine:
     """Model chunks of one role on this rank, with (optionally) DDP, optimizer and LR scheduler."""
 
@@ -68,6 +91,9 @@ class Engine:
         """
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
+        if not forward_only:
+            check_interleaved_count(len(micro_batches), self.layout.pp, len(self.chunks),
+                                    self.config.microbatch_group_size_per_vp_stage)
         routed = {"padding_mask": None} if moe.is_moe(self.config) else {}
 
         def step(data_iterator, model):

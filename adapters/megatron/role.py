@@ -225,7 +225,7 @@ class MegatronRole:
             for rows in mini_batch_rows(len(data), plan.mini_batch_per_dp, self._shuffle_seed(epoch)):
                 mini = data[rows]
                 mbs = self._micro_batches(mini, keys, plan.micro_batch_per_gpu,
-                                          plan.max_token_len_per_gpu if plan.use_dynamic_bsz else None)
+                                          plan.max_token_len_per_gpu if plan.use_dynamic_bsz else None, training=True)
                 loss_fn = make_loss_fn(mini)
                 phases.mark("micro_batches")
                 if not begun:  # after the inputs' copies and allocations: none of them queues behind the state's
@@ -293,16 +293,18 @@ class MegatronRole:
         """The interleaved pipeline schedule needs a multiple of pp micro-batches."""
         return self.layout.pp if self.layout.vpp else 1
 
-    def _micro_batches(self, data, keys: list[str], max_rows: Optional[int], max_tokens: Optional[int]):
+    def _micro_batches(self, data, keys: list[str], max_rows: Optional[int], max_tokens: Optional[int],
+                       training: bool = False):
         """Micro-batches for this layout; under sequence parallelism (transformer-engine only) megatron
         splits the sequence over tp, so lengths are rounded to a multiple of tp, and FP8 GEMMs want token
         counts in multiples of 16. Token-budget micro-batches: every dp rank runs as many as the rank that
-        needs the most, so the ranks' schedules stay in step."""
+        needs the most, so the ranks' schedules stay in step. To train with virtual stages, at least 2*pp
+        (engine.check_interleaved_count)."""
         config = self.engine.config
         seq_multiple = math.lcm(self.layout.tp if config.sequence_parallel else 1, 16 if config.fp8 else 1)
-        min_count = 1
+        min_count = 2 * self.layout.pp if training and self.layout.vpp else 1
         if max_tokens is not None:
-            mine = len(split_tokens(row_lengths(data), max_tokens, self._mb_multiple()))
+            mine = len(split_tokens(row_lengths(data), max_tokens, self._mb_multiple(), min_count))
             min_count = max_over_dp(mine)
         return micro_batches(data, keys, max_rows, max_tokens, self._mb_multiple(), seq_multiple,
                              thd=self.remove_padding, min_count=min_count, cp=parallel.cp_rank_and_size())

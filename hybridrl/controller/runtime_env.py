@@ -23,6 +23,8 @@ from typing import Any, Iterable, Iterator, Mapping
 
 from hybridrl.config.placement import joins_cluster  # noqa: F401  (the trainer and the plan ask it too)
 
+from .ray_address import check_ray_address
+
 __all__ = ["DEFAULT_EXCLUDES", "build_runtime_env", "forwarded_env", "init_ray", "describe_runtime_env"]
 
 logger = logging.getLogger(__name__)
@@ -141,10 +143,11 @@ def cpus_per_process(local_cpus: int, processes: int, per_node: int, joined: boo
 
 def init_ray(num_cpus: int | None = None, num_gpus: int | None = None, *, address: str | None = None,
              working_dir: str | None = None, extra_env: Mapping[str, str] | None = None,
-             include_dashboard: bool | None = None, **ray_kwargs: Any) -> Any:
-    """Start (or join, with `address`) Ray with our runtime env; the dashboard, if any, on localhost only.
+             include_dashboard: bool | None = None, connect_timeout_s: float = 30.0, **ray_kwargs: Any) -> Any:
+    """Start (or join, with `address` or RAY_ADDRESS) Ray with our runtime env; the dashboard, if any, on localhost.
 
-    The dashboard is off unless asked for (`include_dashboard=True`). `ray.shutdown` runs at exit.
+    The dashboard is off unless asked for (`include_dashboard=True`). `ray.shutdown` runs at exit. A cluster to
+    join must answer within `connect_timeout_s` (ray_address.py), else RayAddressUnreachable names the address.
     Returns Ray's context; a no-op returning None when Ray is already initialized in this process.
     """
     import ray
@@ -153,6 +156,7 @@ def init_ray(num_cpus: int | None = None, num_gpus: int | None = None, *, addres
         return None
     joining = joins_cluster(address)
     if joining:
+        check_ray_address(address, connect_timeout_s)  # ray.init alone would retry for ~14 minutes
         # an existing cluster's resources are fixed, and Ray refuses num_cpus/num_gpus when joining one
         num_cpus = num_gpus = None
     if not joining and "_temp_dir" not in ray_kwargs:

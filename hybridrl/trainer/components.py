@@ -340,7 +340,8 @@ def _spawn_groups(run: RunConfig, model_dir: str, total_steps: int, rollout_rows
         ray_init = dict(cfg.ray_kwargs.ray_init)
         processes = d.world_size + d.placement.rollout_world
         num_cpus = ray_init.pop("num_cpus", None) or max(os.cpu_count() or 1, processes)
-        init_ray(num_cpus=num_cpus, **{k: v for k, v in ray_init.items() if v is not None})
+        init_ray(num_cpus=num_cpus, connect_timeout_s=cfg.ray_kwargs.connect_timeout_s,
+                 **{k: v for k, v in ray_init.items() if v is not None})
         clock.lap("ray_init")
         joined = joins_cluster(ray_init.get("address"))
         per_process = 1.0 if use_gpu else cpus_per_process(num_cpus, processes, t.n_gpus_per_node, joined)

@@ -159,7 +159,8 @@ def spawn_sft_group(run: SFTRun, model_dir: str, total_steps: int, tokenizer_dir
 
         ray_init = dict(run.cfg.ray_kwargs.get("ray_init") or {})
         num_cpus = ray_init.pop("num_cpus", None) or max(os.cpu_count() or 1, run.derived.world_size)
-        init_ray(num_cpus=num_cpus, **{k: v for k, v in ray_init.items() if v is not None})
+        init_ray(num_cpus=num_cpus, connect_timeout_s=float(run.cfg.ray_kwargs.get("connect_timeout_s", 30.0)),
+                 **{k: v for k, v in ray_init.items() if v is not None})
         per_process = 1.0 if use_gpu else min(1.0, num_cpus / run.derived.world_size)
         pool = ResourcePool([t.n_gpus_per_node] * t.nnodes, use_gpu=use_gpu, num_cpus_per_process=per_process)
     group = make_worker_group(t.backend, SFTWorker, (run, model_dir, total_steps, tokenizer_dir), role="sft",

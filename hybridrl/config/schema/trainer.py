@@ -73,3 +73,6 @@ class TrainerConfig:
 class RayKwargsConfig:
     ray_init: dict[str, Any] = field(default_factory=lambda: {"num_cpus": None})
     timeline_json_file: Optional[str] = None
+    connect_timeout_s: float = doc(
+        "Joining a running cluster (ray_init.address, or RAY_ADDRESS): seconds its head may take to answer before "
+        "the driver stops with an error naming the address (ray.init alone retries for ~14 minutes).", 30.0)
