@@ -24,7 +24,8 @@ staging: on 4 x H100 NCCL moved a pair's 384 MiB at 326 GB/s as one message, whi
 at about 115 GB/s through 60 rounds of packing and unpacking). Both ends must agree that a transfer qualifies, so
 the plan gathers every rank's verdict. The rest go in staged rounds: the owner packs its outgoing pieces into one
 staging buffer (one _foreach_copy_), the messages go out with batch_isend_irecv (NCCL p2p on GPU, gloo on CPU),
-and the received bytes land in the engine's views (one _foreach_copy_). Rounds alternate between two staging buffers, so one round's copies overlap
+and the received bytes land in the engine's views (one _foreach_copy_). Rounds alternate between two staging
+buffers, so one round's copies overlap
 the other's messages; a round stages at most half of `bucket_bytes` (unless one piece alone is larger), so both
 buffers together stay within it, and none is alive after the sync.
 Check (sampled as checks.py picks): the senders' float64 sums of what they sent against the receivers' sums of
@@ -266,7 +267,7 @@ def plan_remote(regions: Sequence[WeightRegion], engine: RolloutEngine, skip: se
     failed |= {proof.groups[j] for j in proof.run(compare=True)}
     failed = set().union(*_all_gather(failed))  # the export is collective: a group fails everywhere or nowhere
     local = [p for p in local if group_of(p.name) not in failed]
-    direct = _zero_copy_ok(transfers, sources, needs, pieces, rank) if zero_copy else frozenset()
+    direct = _zero_copy_ok(transfers, sources, needs, rank) if zero_copy else frozenset()
     remote = build([t for j, t in enumerate(transfers) if proof.groups[j] not in failed], direct)
     log.info("cross-GPU weight copy: %d transfers, %d of them view to view, the rest in %d rounds; this rank "
              "receives %.1f MiB (%.1f MiB view to view), sends %.1f MiB, stages at most %.1f MiB; %d engine groups "
@@ -277,7 +278,7 @@ def plan_remote(regions: Sequence[WeightRegion], engine: RolloutEngine, skip: se
 
 
 def _zero_copy_ok(transfers: list[Transfer], sources: dict[int, WeightRegion], needs: dict[tuple, torch.Tensor],
-                  pieces: list[WeightPiece], rank: int) -> frozenset[Transfer]:
+                  rank: int) -> frozenset[Transfer]:
     """The transfers both ends can run view to view: one dtype, the sender's narrowed source and the receiver's
     engine view contiguous and of the transfer's size. Each rank judges its own ends; the verdicts are gathered
     (collective), so every rank holds the same set."""
