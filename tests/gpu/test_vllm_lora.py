@@ -84,10 +84,12 @@ def _lora_run(folder: str) -> dict:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from hybridrl.utils.net import free_port
 
-    port = free_port("127.0.0.1")  # vLLM's external launcher reads a torch.distributed world: rank 0 of 1
-    for k, v in dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                     MASTER_PORT=str(port)).items():
-        os.environ.setdefault(k, v)
+    # vLLM's external launcher reads a torch.distributed world: rank 0 of 1 on a fresh port. Set, not defaulted: the
+    # child inherits the pytest process's MASTER_PORT from earlier in-process groups, whose store still holds it
+    # (EADDRINUSE in the one-command run, 4 x H200, 2026-11-28).
+    port = free_port("127.0.0.1")
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
     from transformers import AutoModelForCausalLM
 
     from hybridrl.hybrid import SyncOptions, WeightSync

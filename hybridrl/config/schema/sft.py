@@ -115,6 +115,8 @@ class SFTTrainerConfig:
     backend: str = doc("local (torchrun, one process per rank: verl's SFT launch) | ray.", "local")
     worker_timeout_s: float = 1800.0
     dist_timeout_s: float = 600.0
+    numa_affinity: bool = doc("Pin each GPU worker to the CPU cores of its GPU's NUMA node, as trainer.numa_affinity "
+                              "does for RL.", False)
     export_hf: bool = doc("Each saved step also holds huggingface/ (safetensors + config + tokenizer): an RL run "
                           "starts from it with actor_rollout_ref.model.path=.../global_step_N/huggingface.", True)
 
