@@ -91,6 +91,16 @@ def overrides(policy: str, rm: str, out: str, steps: int, cpu: bool) -> list[str
             "reward_model.micro_batch_size_per_gpu=16", "reward_model.model.input_tokenizer=null"]
 
 
+def card_gib(cpu: bool) -> float:
+    """GPU 0's memory in GiB: the plan must be for the card the run measures on (an 80 GiB plan against an H200's
+    vLLM share, gpu_memory_utilization of 140 GiB, put the rollout phase at 1.63x its plan on 2026-11-28)."""
+    if cpu:
+        return 80.0
+    import torch
+
+    return torch.cuda.get_device_properties(0).total_memory / 2**30
+
+
 def run(models: str, out: str, steps: int, cpu: bool, gpu_mem_gb: float) -> int:
     policy, rm = os.path.join(models, "policy"), os.path.join(models, "rm")
     if os.path.exists(out) and os.listdir(out):
@@ -98,6 +108,7 @@ def run(models: str, out: str, steps: int, cpu: bool, gpu_mem_gb: float) -> int:
         return 2
     os.makedirs(out, exist_ok=True)
     args = overrides(policy, rm, out, steps, cpu)
+    gpu_mem_gb = gpu_mem_gb or card_gib(cpu)
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     plan = subprocess.run([sys.executable, "-m", "hybridrl", "plan", *args, "--json", "--gpu-mem-gb", str(gpu_mem_gb),
                            "--reward-model-config", rm], cwd=ROOT, env=env, capture_output=True, text=True)
@@ -105,8 +116,8 @@ def run(models: str, out: str, steps: int, cpu: bool, gpu_mem_gb: float) -> int:
         f.write(plan.stdout)
     command = [sys.executable, "-m", "hybridrl.trainer.main_ppo", *args]
     with open(os.path.join(out, "run.json"), "w") as f:
-        json.dump({"command": " ".join(command), "cpu": cpu, "gpu_memory_gib": gpu_mem_gb, "plan_rc": plan.returncode},
-                  f, indent=1)
+        json.dump({"command": " ".join(command), "cpu": cpu, "device": "cpu" if cpu else _device(),
+                   "gpu_memory_gib": gpu_mem_gb, "plan_rc": plan.returncode}, f, indent=1)
     return subprocess.run(command, cwd=ROOT, env=env).returncode
 
 
@@ -161,10 +172,10 @@ def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
     return a / b if a and b else None
 
 
-def report(in_dir: str, out: str, command: str) -> dict[str, Any]:
+def report(in_dir: str, out: str, command: str, device: str = "") -> dict[str, Any]:
     summary = summarize(in_dir)
     info = json.load(open(os.path.join(in_dir, "run.json")))
-    device = "cpu" if info.get("cpu") else _device()
+    device = device or info.get("device") or ("cpu" if info.get("cpu") else _device())
     record = {"command": command or info["command"], "device": device, "date": datetime.date.today().isoformat(),
               "metrics": {k: v for k, v in summary.items() if k != "measured_peaks_bytes"},
               "detail": {"measured_peaks_bytes": summary["measured_peaks_bytes"], "trainer": info["command"]}}
@@ -197,11 +208,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     r.add_argument("--out", required=True)
     r.add_argument("--steps", type=int, default=6)
     r.add_argument("--cpu", action="store_true")
-    r.add_argument("--gpu-mem-gb", type=float, default=80.0)
+    r.add_argument("--gpu-mem-gb", type=float, default=None,
+                   help="the card the plan is for, GiB (default: this machine's GPU 0; 80 on CPU)")
     rep = sub.add_parser("report")
     rep.add_argument("--in-dir", required=True)
     rep.add_argument("--out", required=True)
     rep.add_argument("--command", default="")
+    rep.add_argument("--device", default="", help="the GPU the run measured on, when the report is made elsewhere")
     d = sub.add_parser("dry-run")
     d.add_argument("--out", required=True)
     args = p.parse_args(argv)
@@ -211,7 +224,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.mode == "run":
         return run(args.models, args.out, args.steps, args.cpu, args.gpu_mem_gb)
     if args.mode == "report":
-        report(args.in_dir, args.out, args.command)
+        report(args.in_dir, args.out, args.command, args.device)
         return 0
     make_models(os.path.join(args.out, "models"), "tiny")
     rc = run(os.path.join(args.out, "models"), os.path.join(args.out, "run"), 3, True, 80.0)
