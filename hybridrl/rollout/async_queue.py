@@ -24,6 +24,7 @@ from safetensors import safe_open
 from safetensors.torch import save
 
 from hybridrl.protocol import DataProto
+from hybridrl.utils.durable import write_new
 
 from .continuous import VERSIONS_KEY
 
@@ -147,30 +148,7 @@ class SampleQueue:
         if lossy:  # written as their repr(): the file still holds every sample's tokens and versions
             log.warning("async queue spill into %s: values of type %s written as text", folder, sorted(lossy))
         data = save(tensors, metadata={"groups": text, "format": SPILL_FORMAT, "run": run})
-        return _write_new(folder, f"samples_{time.strftime('%Y%m%d_%H%M%S')}_{os.getpid()}", data)
-
-
-def _write_new(folder: str, stem: str, data: bytes) -> str:
-    """`data` as folder/stem[_N].safetensors, a name no file has: written to a temporary file, then linked in (a
-    link never replaces a file), so the name holds the whole file or nothing."""
-    os.makedirs(folder, exist_ok=True)
-    tmp = os.path.join(folder, f".{stem}.tmp-{os.getpid()}-{threading.get_ident()}")
-    try:
-        with open(tmp, "xb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        for n in range(1000):
-            path = os.path.join(folder, f"{stem}{f'_{n}' if n else ''}.safetensors")
-            try:
-                os.link(tmp, path)
-                return path
-            except FileExistsError:
-                continue
-        raise FileExistsError(f"{folder}: {stem}_*.safetensors up to _999 exist already")
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        return write_new(folder, f"samples_{time.strftime('%Y%m%d_%H%M%S')}_{os.getpid()}", ".safetensors", data)
 
 
 def _jsonable(o: object, lossy: set[str]) -> object:

@@ -17,11 +17,12 @@ import torch
 
 from hybridrl.config.async_checks import AsyncPlan
 from hybridrl.protocol import DataProto
-from hybridrl.rollout.async_queue import SampleQueue, SpillFileError, _write_new, load_spilled, read_spill
+from hybridrl.rollout.async_queue import SampleQueue, SpillFileError, load_spilled, read_spill
 from hybridrl.rollout.continuous import VERSIONS_KEY
 from hybridrl.trainer import batch_ops
 from hybridrl.trainer.fully_async import FullyAsyncStream
 from hybridrl.trainer.spilled import POSITION, SpillLedger, carry, spill_files
+from hybridrl.utils.durable import write_new
 
 G = 4  # groups (prompts) a step
 STATS = {"busy_s": 0.0, "alive_s": 1.0, "restarted_samples": 0, "sync_pause_s": 0.0}
@@ -239,6 +240,6 @@ def test_a_damaged_spill_file_is_named(tmp_path):
 def test_a_spill_never_replaces_a_file(tmp_path):
     mine = tmp_path / "samples_x.safetensors"
     mine.write_bytes(b"the user's")
-    path = _write_new(str(tmp_path), "samples_x", b"new")
+    path = write_new(str(tmp_path), "samples_x", ".safetensors", b"new")
     assert path.endswith("samples_x_1.safetensors") and mine.read_bytes() == b"the user's"
     assert sorted(os.listdir(tmp_path)) == ["samples_x.safetensors", "samples_x_1.safetensors"]
