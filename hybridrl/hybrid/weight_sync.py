@@ -145,6 +145,9 @@ class WeightSync:
         start = time.perf_counter()
         self._wake(["weights"])
         metrics["timing_s/engine_wake_weights"] = time.perf_counter() - start
+        # the ranks' wakes differ by tens of ms (4 x H200: 0.18 s here, 0.20 s on the slowest rank); the first transfer
+        # between two ranks waits for both, so the skew would count as copy time in reshard_stream
+        metrics["timing_s/reshard_wait_wake"] = _wait_for_peers()
         sent = SentChecksums(step, self.options.check_fraction, self.engine.weight_dtype, self.engine.checksum_terms)
         first = self._all_names is None
         base = first or not self.options.adapters  # LoRA adapters: the engine keeps the base it got at the first sync
@@ -348,9 +351,9 @@ def _rank() -> int:
 
 
 def _wait_for_peers() -> float:
-    """Seconds this rank waits for the slowest rank to finish offloading. Without this barrier the wait
-    lands inside the sync's first collective and is reported as sync time (sync times that swing with how
-    long each rank's offload took)."""
+    """Seconds this rank waits for the slowest rank to finish its offload (or its engine's wake). Without this
+    barrier the wait lands inside the sync's first collective and is reported as sync time (sync times that swing
+    with how long each rank's offload or wake took)."""
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return 0.0
     start = time.perf_counter()
