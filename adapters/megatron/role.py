@@ -7,6 +7,7 @@ import dataclasses
 import functools
 import logging
 import math
+import time
 from typing import Any, Collection, Iterator, Optional
 
 import torch
@@ -38,6 +39,7 @@ class MegatronRole:
                  recompute: bool = False, load_weight: bool = True, total_training_steps: Optional[int] = None,
                  transformer_overrides: Optional[dict] = None, remove_padding: bool = False,
                  lora: Optional[LoraSpec] = None, head_bias: bool = False) -> None:
+        began = time.perf_counter()
         parallel.init_megatron(layout, seed=megatron.seed)
         self.hf_path = hf_path
         self.hf_config = _with_overrides(load_hf_config(hf_path), override_config or {})
@@ -53,9 +55,11 @@ class MegatronRole:
                              init_std=getattr(self.hf_config, "initializer_range", 0.02), recompute=recompute,
                              overrides=overrides, transformer_impl=megatron.transformer_impl, head_bias=head_bias)
         rounded: list[torch.nn.Parameter] = []  # params whose checkpoint values their dtype cannot hold
+        loading = time.perf_counter()
         if load_weight:
             load_hf_weights(chunks, hf_path, self.arch, layout, value_head=value_head,
                             into=functools.partial(_load_noting_rounding, rounded), head_bias=head_bias)
+        load_s = time.perf_counter() - loading
         self.lora = lora  # LoRA: the base is frozen and the optimizer holds the adapters only (lora.py)
         self._lora_entries = []  # this rank's adapter parameters (mapping.lora_plan rows)
         if lora is not None:
@@ -64,7 +68,12 @@ class MegatronRole:
         self.engine = Engine(chunks, layout, optim, megatron.use_distributed_optimizer and optim is not None,
                              total_training_steps, megatron.override_ddp_config)
         if rounded and self.engine.optimizer is not None:
+            loading = time.perf_counter()
             self._master_weights_from_checkpoint(len(rounded))
+            load_s += time.perf_counter() - loading
+        # the build's two parts (hybridrl.trainer.startup): megatron-core's import and groups, the model and its
+        # optimizer; the checkpoint read into it
+        self.build_seconds = {"model_build": time.perf_counter() - began - load_s, "weight_load": load_s}
         self.updates = 0  # update calls so far (the LR scheduler counts the same steps)
         self._offloaded = offload.State()
         self._onload = overlap.Moved()  # the current update's optimizer-state onload (_optimizer_on_device)
@@ -146,11 +155,13 @@ class MegatronRole:
 
     def startup_times(self) -> dict[str, float]:
         """host_pin_wait: start-up waited for the host arenas pinned in the background (prepare_offload);
-        host_pin_background: the pinning's own time, beside other start-up work."""
+        host_pin_background: the pinning's own time, beside other start-up work; ROLE_model_build and
+        ROLE_weight_load: the parts of this role's build."""
+        out = {f"{self.role}_{k}": v for k, v in getattr(self, "build_seconds", {}).items()}
         reserve = self._offloaded.reserve
         if reserve is None:
-            return {}
-        out = {"host_pin_wait": reserve.waited}
+            return out
+        out["host_pin_wait"] = reserve.waited
         if reserve.done:
             out["host_pin_background"] = reserve.seconds
         return out

@@ -61,6 +61,15 @@ class RolloutConfig:
         "Batch sizes vLLM captures CUDA graphs for; null: vLLM's sizes up to the largest batch a replica generates "
         "(train_batch_size x n or a validation batch, per replica), not its default list up to 512.", None)
     free_cache_engine: bool = doc("Sleep the engine (free weights + KV cache) after each generation.", True)
+    kv_cache_sizing: str = doc(
+        "remember | profile | plan. How vLLM sizes its KV cache at start-up (gpu_memory_utilization's share of the "
+        "GPU less weights and activations). profile: vLLM measures it every start (a profiling forward, then a "
+        "capture of two CUDA graphs per mode for their memory). remember: vLLM measures it once per machine and "
+        "engine config and later starts reuse that size (vLLM's VLLM_ENABLE_STARTUP_PLAN, kept beside its compile "
+        "cache) while the GPU has at least as much free memory as then, else measure again. plan: the size "
+        "`hybridrl plan` gives (its rollout_kv_cache), no measurement at all; an activation estimate below vLLM's "
+        "real peak can run out of memory mid-rollout. engine_kwargs.vllm.kv_cache_memory_bytes overrides all three.",
+        "remember")
     lora_base_resident: str = doc(
         "auto | true | false. LoRA with the adapter-only sync (model.lora_rank > 0, lora.merge=false) on vLLM: the "
         "frozen base stays on the GPU while the engine sleeps and only the KV cache is freed, so no sleep or wake "
