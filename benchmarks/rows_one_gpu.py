@@ -388,7 +388,8 @@ def startup_7b(c: Context) -> Actions:
     runs where they are there)."""
     name = "tiny_1" if c.cpu else "7b_big_1gpu"
     yield Command((c.python, "benchmarks/four_gpu.py", "run", name, "--steps", "2", "--tag", "startup", "--out", c.out,
-                   "--budget", "540", *(("--cpu",) if c.cpu else ())))
+                   "--budget", "540", "--override", "actor_rollout_ref.rollout.kv_cache_sizing=remember",
+                   *(("--cpu",) if c.cpu else ())))
     yield startup_report(c)
 
 

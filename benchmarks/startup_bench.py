@@ -49,7 +49,8 @@ def smol_command(folder: str, model: str, cpu: bool) -> list[str]:
                 "trainer.total_training_steps=2", "trainer.test_freq=-1", "trainer.save_freq=-1"]
     return [sys.executable, "-m", "hybridrl.trainer.main_ppo", "--config-name", "grpo_smollm2_gsm8k",
             f"{ARA}.model.path={model}", "trainer.total_training_steps=2", "trainer.test_freq=-1",
-            "trainer.save_freq=-1", "trainer.val_before_train=true", f"trainer.default_local_dir={folder}"]
+            "trainer.save_freq=-1", "trainer.val_before_train=true", f"trainer.default_local_dir={folder}",
+            f"{ARA}.rollout.kv_cache_sizing=remember"]
 
 
 def run_smol(args: argparse.Namespace) -> int:

@@ -187,7 +187,7 @@ class VLLMRolloutEngine(RolloutEngine):
         record_routing: bool = False,
         per_request_seed: bool = True,
         expert_parallel: bool = False,
-        kv_cache_sizing: str = "remember",
+        kv_cache_sizing: str = "profile",
         kv_cache_bytes: Optional[int] = None,
     ) -> None:
         if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
@@ -276,7 +276,7 @@ class VLLMRolloutEngine(RolloutEngine):
             engine_kwargs=dict((r.engine_kwargs or {}).get("vllm", {}) or {}),
             record_routing=bool(getattr(r, "enable_rollout_routing_replay", False)),
             per_request_seed=r.per_request_seed, expert_parallel=r.expert_parallel_size > 1,
-            kv_cache_sizing=getattr(r, "kv_cache_sizing", "remember"), kv_cache_bytes=kv_cache_bytes, **extra,
+            kv_cache_sizing=getattr(r, "kv_cache_sizing", "profile"), kv_cache_bytes=kv_cache_bytes, **extra,
         )
 
     def startup_times(self) -> dict[str, float]:

@@ -68,8 +68,9 @@ class RolloutConfig:
         "engine config and later starts reuse that size (vLLM's VLLM_ENABLE_STARTUP_PLAN, kept beside its compile "
         "cache) while the GPU has at least as much free memory as then, else measure again. plan: the size "
         "`hybridrl plan` gives (its rollout_kv_cache), no measurement at all; an activation estimate below vLLM's "
-        "real peak can run out of memory mid-rollout. engine_kwargs.vllm.kv_cache_memory_bytes overrides all three.",
-        "remember")
+        "real peak can run out of memory mid-rollout. engine_kwargs.vllm.kv_cache_memory_bytes overrides all three. "
+        "profile stays the default until remember has run on a GPU (the startup_smol row measures it).",
+        "profile")
     lora_base_resident: str = doc(
         "auto | true | false. LoRA with the adapter-only sync (model.lora_rank > 0, lora.merge=false) on vLLM: the "
         "frozen base stays on the GPU while the engine sleeps and only the KV cache is freed, so no sleep or wake "
