@@ -1,7 +1,8 @@
 # The next 4-GPU lease's plan (four_gpu.md, lease 6's "The next lease"), sourced by benchmarks/lease.sh:
 #   bash benchmarks/lease.sh start benchmarks/leases/next_4gpu.sh SECONDS
 # Phase B goes first this time: the same-machine zero-copy A/B and the profile of the copy are what issue 33 needs
-# most, and lease 6 lost the A/B by putting it last.
+# most, and lease 6 lost the A/B by putting it last. Then issue 40 (LoRA on SmolLM2), issue 39 (start-up, cold then
+# warm) and issue 41 (agent_tools) on the GPUs tests/gpu leaves free.
 
 # ---------------------------------------------------------------- phase B (4 GPUs)
 timeout -k 5 100 python3 -m torch.distributed.run --standalone --nproc_per_node=4 \
@@ -17,7 +18,7 @@ A_END=$(( $(date +%s) + $(left) - 40 ))
 log "phase A until $(( A_END - $(date +%s) ))s from now"
 ( CUDA_VISIBLE_DEVICES=0,1 timeout -k 10 $(( A_END - $(date +%s) )) python3 -m pytest tests/gpu -v --durations=0 \
     -o faulthandler_timeout=240 -p no:cacheprovider > $L/tests_gpu.log 2>&1; echo $? > $L/tests_gpu.rc ) &
-phase_rows 2 i40 $A_END lora_smol lora_7b_lora &
+phase_rows 2 i40 $A_END lora_smol startup_smol lora_7b_lora &
 phase_rows 3 i41 $A_END agent_tools_traces agent_tools_sft agent_tools_grpo_tools agent_tools_grpo_no_tools &
 wait
 log "phase A done: tests/gpu rc $(cat $L/tests_gpu.rc 2>/dev/null); 40: $(tr '\n' ' ' < $L/i40.rc); 41: $(tr '\n' ' ' < $L/i41.rc)"
