@@ -2,9 +2,10 @@
 same arguments, which ends on SIGTERM/SIGINT with the shell's status (128 + the signal) instead of its own
 SignalException traceback.
 
-torchrun forwards the signal to every rank and waits for them (its --shutdown-timeout, default 30 s): hybridrl's
-ranks finish the step in flight, save it and print one line (trainer/stopping.py). What torchrun itself then did was
-to raise SignalException out of its main, a traceback under the ranks' clean line.
+torchrun forwards a signal to every rank and waits for them (its --shutdown-timeout, default 30 s, then SIGKILL):
+hybridrl's ranks finish the step in flight, save it and print one line (trainer/stopping.py). A second signal while
+it waits reaches the ranks as SIGTERM (torchrun's shutdown runs again): they stop at once, rank 0 naming the last
+good checkpoint. Either way torchrun then raised SignalException out of its main: a traceback under the ranks' line.
 """
 from __future__ import annotations
 

@@ -135,9 +135,20 @@ def torchrun_shutdown_timeout_s() -> Optional[float]:
             args = f.read().decode(errors="replace").split("\0")
     except OSError:
         args = []
-    for i, a in enumerate(args):
+    launcher = [i for i, a in enumerate(args) if a in ("torch.distributed.run", "hybridrl.torchrun")
+                or os.path.basename(a) == "torchrun"]  # also `hybridrl torchrun`
+    return shutdown_timeout_s(args[launcher[0] + 1:] if launcher else [])
+
+
+def shutdown_timeout_s(torchrun_args: list[str]) -> float:
+    """torchrun's shutdown timeout for these arguments: --shutdown-timeout, PET_SHUTDOWN_TIMEOUT,
+    TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else its default 30 s."""
+    for i, a in enumerate(torchrun_args):
+        if a in ("-m", "--module") or not a.startswith("-") and i and not torchrun_args[i - 1].startswith("--"):
+            break  # the script's own arguments begin
         for flag in ("--shutdown-timeout", "--shutdown_timeout"):
-            value = a[len(flag) + 1:] if a.startswith(flag + "=") else args[i + 1] if a == flag and i + 1 < len(args) else None
+            value = (a[len(flag) + 1:] if a.startswith(flag + "=") else
+                     torchrun_args[i + 1] if a == flag and i + 1 < len(torchrun_args) else None)
             if value is not None:
                 with contextlib.suppress(ValueError):
                     return float(value)
