@@ -22,6 +22,7 @@ import time
 from typing import Any, Iterable, Iterator, Mapping
 
 from hybridrl.config.placement import joins_cluster  # noqa: F401  (the trainer and the plan ask it too)
+from hybridrl.utils import logs
 
 from .ray_address import check_ray_address
 
@@ -171,11 +172,19 @@ def init_ray(num_cpus: int | None = None, num_gpus: int | None = None, *, addres
     # Ray's core worker installs absl's failure signal handler, which takes SIGTERM from the driver's own handler
     # (stack dump, then the process dies): the driver's SIGTERM/SIGINT handling stays the trainer's
     os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
+    ray_log = logs.ray_log_path()
+    if ray_log:  # a trainer run: Ray's own lines go to its logs/ folder, the console keeps hybridrl's and errors
+        logs.route_ray_lines(ray_log)
+        logger.info("Ray's own log lines go to %s (its errors to the console too)", ray_log)
     with _signal_handlers_kept():
-        return ray.init(
+        context = ray.init(
             address=address, num_cpus=num_cpus, num_gpus=num_gpus, runtime_env=runtime_env or None,
             include_dashboard=bool(include_dashboard), dashboard_host="127.0.0.1", **ray_kwargs,
         )
+    if ray_log and getattr(context, "dashboard_url", None):  # asked for: said on the console, not only in ray.log
+        url = context.dashboard_url
+        logger.info("Ray dashboard at %s", url if "://" in url else f"http://{url}")
+    return context
 
 
 @contextlib.contextmanager
@@ -201,6 +210,7 @@ def shutdown_ray() -> None:
     if ray.is_initialized():
         ray.shutdown()
     remove_run_temp_dirs()
+    logs.unroute_ray_lines()
 
 
 _RUN_TEMP_DIRS: list[str] = []

@@ -78,7 +78,7 @@ class PPOTrainer:
             startup = {}
             out_of_time = t.max_time_s is not None and time.perf_counter() - began > t.max_time_s
             last = self.global_step == self.parts.total_steps or out_of_time
-            stopping = self.signals is not None and self.signals.requested  # a signal came: save, skip validation
+            stopping = self.signals is not None and self.signals.agreed()  # a signal came: save, skip validation
             if t.test_freq > 0 and not stopping and (self.global_step % t.test_freq == 0 or last):
                 self.last_val = self.validate()
                 self.first_val = self.first_val or self.last_val
@@ -157,7 +157,8 @@ class PPOTrainer:
         signal.setitimer(signal.ITIMER_REAL, 0)  # the step is saved: the rest of the shut-down may take its time
         where = (f"saved it to {self.parts.ckpt.step_dir(self.global_step)} (trainer.resume_mode=auto continues)"
                  if saved else "nothing saved (trainer.save_freq=-1)")
-        print(f"hybridrl: stopped by {self.signals.name} after step {self.global_step}; {where}", flush=True)
+        if self.parts.is_rank0:
+            print(f"hybridrl: stopped by {self.signals.name} after step {self.global_step}; {where}", flush=True)
 
     def train_step(self, rollout: Rollout, step: int) -> dict[str, float]:
         timing = dict(rollout.timing)
@@ -304,15 +305,15 @@ def run_ppo(run: RunConfig) -> dict[str, Any]:
     check_inputs(run)  # model, tokenizer, data and reward files: seconds, before Ray and the workers start
     check_memory(run)  # the memory plan against this machine's GPUs (trainer.memory_check)
     clear_earlier_run(run.cfg.trainer, rank=int(os.environ.get("RANK", "0")))  # only once all of that passed
-    # SIGTERM/SIGINT: stop after the step and save it (stopping.py); torchrun's ranks keep the default handlers
-    signals = StopSignals(run.cfg.trainer.stop_grace_s) if run.cfg.trainer.backend == "ray" else None
-    with signals or contextlib.nullcontext(), warnings_to_log_file(run.cfg.trainer):
+    # SIGTERM/SIGINT: stop after the step and save it (stopping.py); under torchrun the ranks agree on the step
+    signals = StopSignals(run.cfg.trainer.stop_grace_s, ranks=run.cfg.trainer.backend == "local")
+    with signals, warnings_to_log_file(run.cfg.trainer):
         parts = build_components(run, signals)
         try:
             trainer = PPOTrainer(run, parts, signals)
             final = trainer.fit()
             parts.finish(final)
             return {"before": trainer.first_val, "after": final, "steps": trainer.global_step,
-                    "stopped_by": signals.signum if signals is not None else None}
+                    "stopped_by": signals.signum}
         finally:
             parts.close()

@@ -35,7 +35,7 @@ def _dry(script: Path, *args: str, **env: str) -> tuple[dict[str, str], list[str
 def test_torchrun_one_node():
     env, cmd = _dry(TORCHRUN, "preset=cpu_2proc", "data.train_files=[a.parquet, b.parquet]", NPROC_PER_NODE="2",
                     PYTHON="py")
-    assert cmd == ["py", "-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc_per_node=2",
+    assert cmd == ["py", "-m", "hybridrl.torchrun", "--standalone", "--nnodes=1", "--nproc_per_node=2",
                    "--max_restarts=0", "-m", "hybridrl.trainer.main_ppo", "trainer.backend=local", "trainer.nnodes=1",
                    "trainer.n_gpus_per_node=2", "preset=cpu_2proc", "data.train_files=[a.parquet, b.parquet]"]
     assert env["NCCL_NVLS_ENABLE"] == "0"

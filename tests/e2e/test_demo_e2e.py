@@ -64,6 +64,15 @@ def test_two_steps_log_verl_metrics_and_end_with_the_demo_line(demo):
                and not re.search(r"/(hybridrl|adapters)/[^:]*\.py:\d+: ", ln)]
     assert not foreign and "Triggered internally at" not in console and "[transformers]" not in console, console[-4000:]
     assert (demo["out"] / "checkpoints" / "logs" / "warnings.log").stat().st_size > 0
+    # ... and Ray's own lines (its "ray" logger: "<date>\tINFO worker.py:N -- ...") went to ray.log beside it
+    rays = [ln for ln in console.splitlines() if re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+\t(INFO|WARNING) ", ln)]
+    assert not rays and "Started a local Ray instance" not in console and "across cluster" not in console, rays
+    ray_log = (demo["out"] / "checkpoints" / "logs" / "ray.log").read_text()
+    assert "Started a local Ray instance." in ray_log
+    assert "RAY_AUTH_MODE" in os.environ or "WARNING authentication_token_setup.py" in ray_log  # its warning, when on
+    # every worker's line is shown as printed: no line of one rank stands for the other's ("[repeated 2x]")
+    replica0 = {m.group(1) for m in re.finditer(r"\(_RayHost pid=(\d+)\)\S* +replica 0: ranks \[0\]", console)}
+    assert len(replica0) == 2, console[-4000:]  # the reshard plan's first line, from both ranks
     ckpt = demo["out"] / "checkpoints"
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
     assert (ckpt / "global_step_2" / ".complete").exists()

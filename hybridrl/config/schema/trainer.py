@@ -58,8 +58,9 @@ class TrainerConfig:
         "each batch is one policy version old and corrected by importance weights against the rollout's log-probs.",
         False)
     stop_grace_s: float = doc(
-        "After SIGTERM/SIGINT (Ray backend), the run finishes the step in flight and saves it; if that takes longer "
-        "than this, it stops at once naming the last good checkpoint. A second signal stops at once.", 60.0)
+        "After SIGTERM/SIGINT, the run finishes the step in flight and saves it; if that takes longer than this "
+        "(under torchrun: at most its shutdown timeout less 5 s), it stops at once naming the last good checkpoint. "
+        "A second signal stops at once.", 60.0)
     overwrite_existing_run: bool = doc(
         "With resume_mode=disable, a default_local_dir that already holds a run (global_step_* folders, the latest "
         "marker, logs/) is refused; true deletes those first and starts afresh there. Other files are left alone.",
