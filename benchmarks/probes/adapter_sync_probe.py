@@ -26,8 +26,22 @@ function calls (cProfile) of one step. --profile prints cProfile's top functions
     PYTHONPATH=$PWD python benchmarks/probes/adapter_sync_probe.py                     # CPU, tiny, vllm
     PYTHONPATH=$PWD python benchmarks/probes/adapter_sync_probe.py --device cuda --shape 7b --out $OUT/probe.json
 
-Answer (CPU, 2 shared cores, tiny shape, 28 layers, rank 32, 392 tensors): see the commit that last changed this
-file; GPU: not run yet.
+  floor        the same device work on one flat tensor of the adapters' size (one copy, each side's stacked copy
+               and sums): the sync with no per-tensor work
+
+Answer (CPU, 2 cores shared with other jobs, one torch thread, tiny shape, 28 layers, rank 32: 392 tensors, 3.3 MiB
+fp32; ms a step, medians of 5 steps, the range over 7 runs alternated with the code before; the CPU's numbers carry
+megatron's CPU shim, a TorchFunctionMode on every torch call and attribute, and float64 sums that are slow on a CPU):
+                     before (1735856)            after (issue 40's per-tensor cut)
+  export             13-22                        1.4-2.5
+  stream             27-45                        13-21
+  check              8-14                         7-12
+  sync               35-57 (median 36)            19-31 (median 23)
+  floor              5-7                          7-11 (noise: the same work)
+  Python calls/tensor 204, views/tensor 4.0       33, 0.03
+Inside (each part synchronized, medians): export 14.5 -> 1.5, record 11 -> 7, load 3.3 -> 3.0, engine sums
+8 -> 6, the stream's own loop 1.8 -> 0.9, compare 0.8 -> 0.3. What is left on the CPU is mostly its floor (the sums'
+arithmetic) and the shim. GPU: not run yet (row probe_adapter_sync in benchmarks/runs.py).
 """
 from __future__ import annotations
 
@@ -96,10 +110,11 @@ def perturb(actor: Any, seed: int) -> None:
     """A new version of the adapters, as an optimizer step makes one (in place: the parameters stay where they are)."""
     from hybridrl.adapters.megatron.lora import adapter_params
 
-    g = torch.Generator().manual_seed(seed)
+    params = adapter_params(actor.engine.chunks)
+    g = torch.Generator(device=params[0].device).manual_seed(seed)
     with torch.no_grad():
-        for p in adapter_params(actor.engine.chunks):
-            p.add_(torch.randn(p.shape, generator=g).to(p.device, p.dtype) * 0.01)
+        for p in params:
+            p.add_(torch.randn(p.shape, generator=g, device=p.device, dtype=p.dtype) * 0.01)
 
 
 # ------------------------------------------------------------------------------------------ receivers
@@ -177,6 +192,94 @@ class _OpCount(torch.utils._python_dispatch.TorchDispatchMode):
 VIEWS = {"aten.view", "aten.alias", "aten.as_strided", "aten.slice", "aten.select", "aten.narrow", "aten.reshape",
          "aten._reshape_alias", "aten.detach", "aten.t", "aten.transpose", "aten.unsqueeze", "aten.squeeze",
          "aten.expand", "aten.split", "aten.split_with_sizes", "aten.unbind", "aten.permute", "aten.unflatten"}
+
+
+# ------------------------------------------------------------------------------------------ the parts
+def inner_parts(actor: Any, engine: Any, bucket_bytes: int, version: list, fraction: float, steps: int,
+                device: str) -> dict[str, float]:
+    """Median ms a step of each part inside stream + check, each ended by a device synchronize (separate steps from
+    the totals: the synchronizes cost their own time): export (the generator's own time), record (adapters_as_held
+    + the sender's sums), load (load_adapter: the in-place write), finish, engine_sums (adapter_checksums),
+    compare (the rest of check_adapters)."""
+    from hybridrl.hybrid import adapter_sync, checks
+
+    spent: dict[str, float] = {}
+
+    def wrap(owner: Any, attr: str, part: str) -> None:
+        fn = getattr(owner, attr)
+
+        def timed_fn(*a, **k):
+            sync_device(device)
+            t0 = time.perf_counter()
+            out = fn(*a, **k)
+            if part == "export":
+                out = list(out)
+            sync_device(device)
+            spent[part] = spent.get(part, 0.0) + time.perf_counter() - t0
+            return iter(out) if part == "export" else out
+        setattr(owner, attr, timed_fn)
+        undo.append((owner, attr, fn))
+
+    undo: list = []
+    wrap(actor, "export_adapter_weights", "export")
+    wrap(adapter_sync, "_record", "record")
+    wrap(engine, "load_adapter", "load")
+    wrap(engine, "finish_adapter_sync", "finish")
+    wrap(engine, "adapter_checksums", "engine_sums")
+    seen: dict[str, list[float]] = {}
+    try:
+        for i in range(steps + 2):
+            perturb(actor, 2000 + i)
+            version[0] += 1
+            sent = checks.SentChecksums(version[0], fraction)
+            spent.clear()
+            sync_device(device)
+            t0 = time.perf_counter()
+            adapter_sync.stream_adapters(actor, engine, bucket_bytes, version[0], sent)
+            sync_device(device)
+            t1 = time.perf_counter()
+            adapter_sync.check_adapters(engine, sent)
+            sync_device(device)
+            t2 = time.perf_counter()
+            spent["stream_other"] = (t1 - t0) - sum(spent.get(k, 0.0) for k in ("export", "record", "load", "finish"))
+            spent["compare"] = (t2 - t1) - spent.get("engine_sums", 0.0)
+            if i >= 2:
+                for k, v in spent.items():
+                    seen.setdefault(k, []).append(v)
+    finally:
+        for owner, attr, fn in reversed(undo):
+            if owner is actor or owner is engine:
+                delattr(owner, attr)
+            else:
+                setattr(owner, attr, fn)
+    return {k: 1e3 * statistics.median(v) for k, v in seen.items()}
+
+
+def device_floor(numel: int, dtype: torch.dtype, device: str, steps: int) -> float:
+    """Median ms of the sync's device work with no per-tensor work at all: the adapters as one flat tensor copied
+    into one destination, and each side's sums as checksum.checksums takes them (a stacked copy, the row sums of it
+    and of its magnitudes)."""
+    from hybridrl.utils.checksum import _row_sums
+
+    src = torch.randn(numel, device=device).to(dtype)
+    dst = torch.empty_like(src)
+
+    def work() -> None:
+        dst.copy_(src)
+        for side in (src, dst):
+            rows = side.clone().view(1, -1)
+            _row_sums(rows)
+            _row_sums(rows.abs())
+        sync_device(device)
+
+    times = []
+    for i in range(steps + 2):
+        sync_device(device)
+        t0 = time.perf_counter()
+        work()
+        if i >= 2:
+            times.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(times)
 
 
 # ------------------------------------------------------------------------------------------ the run
@@ -257,6 +360,8 @@ def main() -> None:
             for k, v in (("export", export_s), ("stream", stream_s), ("check", check_s), ("sync", stream_s + check_s)):
                 parts[k].append(v)
     ms = {k: 1e3 * statistics.median(v) for k, v in parts.items()}
+    inner = inner_parts(actor, engine, bucket_bytes, version, args.fraction, args.steps, device)
+    floor = device_floor(int(first["reshard/adapter_bytes"]) // dtype.itemsize, dtype, device, args.steps)
 
     # one more step, counted: aten ops and Python calls
     version[0] += 1
@@ -283,6 +388,7 @@ def main() -> None:
               "buckets": first["reshard/adapter_buckets"], "actor_build_s": round(built, 1),
               "ms": {k: round(v, 3) for k, v in ms.items()},
               "us_per_tensor": {k: round(1e3 * v / tensors, 2) for k, v in ms.items()},
+              "inner_ms": {k: round(v, 3) for k, v in inner.items()}, "floor_ms": round(floor, 3),
               "aten_ops_per_tensor": {"compute": round(compute / tensors, 2), "views": round(views / tensors, 2)},
               "aten_ops": dict(sorted(count.ops.items(), key=lambda kv: -kv[1])[:12]),
               "python_calls_per_tensor": round(calls / tensors, 1),
@@ -291,11 +397,14 @@ def main() -> None:
           f"MiB {result['dtype']}, {args.shape}, {args.engine}, {result['device']}, median of {args.steps})")
     for k in parts:
         print(f"{k:<8}{ms[k]:>10.2f}{1e3 * ms[k] / tensors:>11.1f}")
+    print(f"{'floor':<8}{floor:>10.2f}{1e3 * floor / tensors:>11.1f}   (the same device work on one flat tensor: "
+          f"no per-tensor work)")
+    print("inside, each part synchronized: " + ", ".join(f"{k} {v:.2f}" for k, v in inner.items()) + " ms")
     print(f"per tensor (stream + check): {compute / tensors:.2f} compute aten ops, {views / tensors:.2f} views, "
           f"{calls / tensors:.1f} Python calls")
     if args.profile:
         out = io.StringIO()
-        pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(40)
+        pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(30)
         print(out.getvalue())
     if args.out:
         with open(args.out, "w") as f:
