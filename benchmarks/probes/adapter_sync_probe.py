@@ -33,11 +33,11 @@ Answer (CPU, 2 cores shared with other jobs, one torch thread, tiny shape, 28 la
 fp32; ms a step, medians of 5 steps, the range over 7 runs alternated with the code before; the CPU's numbers carry
 megatron's CPU shim, a TorchFunctionMode on every torch call and attribute, and float64 sums that are slow on a CPU):
                      before (1735856)            after (issue 40's per-tensor cut)
-  export             13-22                        1.4-2.5
-  stream             27-45                        13-21
-  check              8-14                         7-12
-  sync               35-57 (median 36)            19-31 (median 23)
-  floor              5-7                          7-11 (noise: the same work)
+  export             13-22 (median 13.7)          1.4-2.5 (median 1.6)
+  stream             27-45 (median 28.7)          13-21 (median 15.5)
+  check              8-14 (median 8.7)            7-12 (median 8.3)
+  sync               35-57 (median 39)            19-31 (median 23)
+  floor              5-7 (runs 6-7 only)          8-11 (noise: the same work)
   Python calls/tensor 204, views/tensor 4.0       33, 0.03
 Inside (each part synchronized, medians): export 14.5 -> 1.5, record 11 -> 7, load 3.3 -> 3.0, engine sums
 8 -> 6, the stream's own loop 1.8 -> 0.9, compare 0.8 -> 0.3. What is left on the CPU is mostly its floor (the sums'
