@@ -79,6 +79,7 @@ class MegatronRole:
         self._onload = overlap.Moved()  # the current update's optimizer-state onload (_optimizer_on_device)
         self._onload_budget: Optional[overlap.OverlapBudget] = None  # overlap_onload(); None: after the backward
         self._regions: Optional[list[WeightRegion]] = None  # weight_regions(), built on first use
+        self._adapter_export: Optional[lora_io.AdapterExport] = None  # export_adapter_weights(), built on first use
 
     def _master_weights_from_checkpoint(self, rounded: int) -> None:
         """The fp32 master weights take the checkpoint's own (float32) values, not their bf16 rounding: a second
@@ -118,7 +119,9 @@ class MegatronRole:
         """LoRA: the adapters only, as (PEFT name, full tensor) buckets on every rank (collective)."""
         if self.lora is None:
             raise RuntimeError(f"{self.role}: export_adapter_weights needs LoRA (actor_rollout_ref.model.lora_rank > 0)")
-        return lora_io.export_adapter(self.engine.chunks, self.arch, self.layout, self.lora, bucket_bytes)
+        if self._adapter_export is None:  # planned once: the adapters are parameters whose storage stays put
+            self._adapter_export = lora_io.AdapterExport(self.engine.chunks, self.arch, self.layout, self.lora)
+        return self._adapter_export.buckets(bucket_bytes)
 
     def weight_regions(self) -> Optional[list[WeightRegion]]:
         # Views stay valid across offload/onload: that resizes the storages the views share.

@@ -138,7 +138,8 @@ def export_hf_weights(chunks: list[torch.nn.Module], arch: ModelArch, layout: Pa
                       bucket_bytes: int = 512 << 20, value_head: bool = False,
                       names: Optional[Collection[str]] = None, entries: Optional[list[Entry]] = None,
                       params: Optional[list[Mapping[str, torch.Tensor]]] = None,
-                      head_bias: bool = False) -> Iterator[WeightBucket]:
+                      head_bias: bool = False, topo: Optional[Topology] = None,
+                      dtype: Optional[torch.dtype] = None) -> Iterator[WeightBucket]:
     """Yield lists of (hf_name, full tensor) of about `bucket_bytes` on every rank (collective).
 
     Every rank must iterate to the end (the collectives run inside the generator) and pass the same
@@ -148,14 +149,16 @@ def export_hf_weights(chunks: list[torch.nn.Module], arch: ModelArch, layout: Pa
     `entries` (default: the model's plan) and `params` (default: the chunks' parameters by name) let LoRA
     export its adapters under PEFT's names, or the base weights with the adapters merged in (lora.py).
     `head_bias`: the value head has `score.bias` (as the model was built; topology() says why it is given).
+    `topo` (topology() of these chunks) and `dtype` (the chunks' parameter dtype): a caller that exports every step
+    gives them once found (each is a walk over every parameter of the model otherwise).
     """
     from megatron.core import parallel_state as ps
 
     _, pp_rank = _ranks()
     params = params if params is not None else _params(chunks)
-    dtype = next(iter(_params(chunks)[0].values())).dtype
+    dtype = dtype if dtype is not None else next(iter(_params(chunks)[0].values())).dtype
     wanted = None if names is None else set(names)
-    topo = topology(chunks, layout, value_head, head_bias)
+    topo = topo if topo is not None else topology(chunks, layout, value_head, head_bias)
     entries = [e for e in (plan(arch, topo) if entries is None else entries)
                if e.export and (wanted is None or not wanted.isdisjoint(e.hf))]
     for group in _buckets(entries, wanted, dtype.itemsize, bucket_bytes):

@@ -75,12 +75,14 @@ class SentChecksums:
     def record_many(self, items: Sequence[tuple[str, torch.Tensor]]) -> None:
         """record() of many tensors in a few kernels (checksum.checksums: the same sums up to the order of their
         float64 additions), for an engine that compares within a tolerance (checksum_rtol > 0)."""
-        picked = [(name, t) for name, t in items
-                  if is_sampled(self.terms(name)[0][0] if self.terms is not None else name, self.step, self.fraction)]
+        terms, step, fraction = self.terms, self.step, self.fraction
+        picked = items if fraction >= 1.0 else [
+            (name, t) for name, t in items if is_sampled(terms(name)[0][0] if terms is not None else name, step, fraction)]
         if not picked:
             return
         dtype = self.weight_dtype
-        sums, abss = checksums([t if dtype is None or t.dtype == dtype else t.to(dtype) for _, t in picked])
+        sums, abss = checksums([t for _, t in picked] if dtype is None else
+                               [t if t.dtype == dtype else t.to(dtype) for _, t in picked])
         self._batches.append(([name for name, _ in picked], sums, abss))
 
     def names(self) -> list[str]:
@@ -112,10 +114,10 @@ def compare_checksums(
     sums, abss = sent.values()
     worst = 0.0
     for name in sums:
-        if name not in engine_sums:
+        got = engine_sums.get(name)
+        if got is None:
             raise WeightSyncError(f"weight check: the engine returned no checksum for {name!r}")
-        expected, scale = _expected(name, sums, abss, sent.terms)
-        got = engine_sums[name]
+        expected, scale = _expected(name, sums, abss, sent.terms) if sent.terms is not None else (sums[name], abss[name])
         diff = abs(got - expected)
         if not diff <= rtol * scale:  # `not <=` so a NaN fails too
             raise WeightSyncError(

@@ -52,6 +52,7 @@ VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vllm.config.lora.Max
 VLLM_MODULE = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "o_proj": "o_proj",
                "gate_proj": "gate_up_proj", "up_proj": "gate_up_proj", "down_proj": "down_proj"}
 BASE_LAYER = ".base_layer"
+B_WEIGHT = ".lora_B.weight"  # the end of a PEFT B tensor's name (rollout.lora.peft_name)
 
 
 def vllm_lora_kwargs(lora: RolloutLora) -> dict[str, Any]:
@@ -136,7 +137,7 @@ def write_places(pairs: list[tuple[_SlotPlace, torch.Tensor]]) -> None:
     for place, full in pairs:
         dsts, srcs = by_dtype.setdefault(full.dtype, ([], []))
         dsts.append(place.dst)
-        srcs.append(place.source(full))
+        srcs.append(full if place.dim is None else full.narrow(place.dim, place.start, place.length))  # place.source
         if place.scale != 1:
             by_scale.setdefault(place.scale, []).append(place.dst)
     for dsts, srcs in by_dtype.values():
@@ -290,16 +291,20 @@ class VLLMLoraEngine(VLLMRolloutEngine):
     # ------------------------------------------------------------------ the adapters
     def load_adapter(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         bucket = list(tensors)
-        for name, t in bucket:
-            if name not in self._names:
-                raise AdapterLoadError(f"load_adapter: {name!r} is no adapter of vLLM's LoRA modules (targets "
-                                       f"{list(self.lora.targets)}); e.g. {min(self._names)!r}")
-            if self._in_place and tuple(t.shape) != self._shapes[name]:
-                raise AdapterLoadError(f"load_adapter: {name!r} has shape {tuple(t.shape)}, the first version's was "
-                                       f"{self._shapes[name]}")
+        names = [name for name, _ in bucket]
+        if not self._names.issuperset(names):
+            name = next(n for n in names if n not in self._names)
+            raise AdapterLoadError(f"load_adapter: {name!r} is no adapter of vLLM's LoRA modules (targets "
+                                   f"{list(self.lora.targets)}); e.g. {min(self._names)!r}")
         if self._in_place:
-            write_places([(self._places[n], t) for n, t in bucket])
-            self._written.update(n for n, _ in bucket)
+            shapes = self._shapes
+            for name, t in bucket:
+                if t.shape != shapes[name]:  # torch.Size against the first version's tuple
+                    raise AdapterLoadError(f"load_adapter: {name!r} has shape {tuple(t.shape)}, the first version's "
+                                           f"was {shapes[name]}")
+            places = self._places
+            write_places([(places[n], t) for n, t in bucket])
+            self._written.update(names)
         else:  # the export may alias the actor's parameters: vLLM's loader scales B in place
             self._pending.update((n, t.detach().clone()) for n, t in bucket)
 
@@ -358,14 +363,29 @@ class VLLMLoraEngine(VLLMRolloutEngine):
         return held * self.lora.scaling if peft_module(name)[1] == "B" and self.lora.scaling != 1 else held
 
     @torch.no_grad()
+    def adapters_as_held(self, bucket: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+        """adapter_as_held's values for a bucket: nothing to do where the actor sends the LoRA dtype and the scaling is
+        1 (the 7B row), else a cast where the dtypes differ and one _foreach_mul for the B tensors (bitwise what
+        `held * scaling` gives: both multiply in float32 and round once)."""
+        dtype, scaling = self._dtype, self.lora.scaling
+        held = [(n, t if t.dtype == dtype else t.to(dtype)) for n, t in bucket]
+        if scaling == 1:
+            return held
+        at = [i for i, (n, _) in enumerate(held) if n.endswith(B_WEIGHT)]
+        for i, t in zip(at, torch._foreach_mul([held[i][1] for i in at], scaling)):
+            held[i] = (held[i][0], t)
+        return held
+
+    @torch.no_grad()
     def adapter_checksums(self, names: Iterable[str]) -> dict[str, float]:
         """Float64 sums of the slots' contents as vLLM holds them, over the replica's tp ranks."""
         wanted = list(names)
         if not wanted:
             return {}
-        if self._places is None or any(self._places.get(n) is None for n in wanted):
-            raise KeyError(f"adapter_checksums: no slot view for {[n for n in wanted if not (self._places or {}).get(n)][:3]}")
-        places = [self._places[n] for n in wanted]
+        known = self._places or {}
+        places = [known.get(n) for n in wanted]
+        if any(p is None for p in places):
+            raise KeyError(f"adapter_checksums: no slot view for {[n for n, p in zip(wanted, places) if p is None][:3]}")
         local = checksums([p.dst for p in places])[0]  # a few kernels for the hundreds of slots, not two a slot
         if self.tp_size > 1:
             from .vllm_weights import _tp_group
@@ -373,9 +393,10 @@ class VLLMLoraEngine(VLLMRolloutEngine):
             every = torch.empty(self.tp_size, len(places), dtype=local.dtype, device=local.device)
             torch.distributed.all_gather_into_tensor(every, local[None], group=_tp_group())
             local = every.sum(0)
-        totals = (local * torch.tensor([p.total_factor() for p in places], dtype=local.dtype,
-                                       device=local.device)).cpu().tolist()
-        return dict(zip(wanted, totals))
+        factors = [p.total_factor() for p in places]
+        if any(f != 1 for f in factors):  # a slot holds part of its tensor, or a copy of it (tp > 1)
+            local = local * torch.tensor(factors, dtype=local.dtype, device=local.device)
+        return dict(zip(wanted, local.cpu().tolist()))
 
     def _request_kwargs(self) -> dict[str, Any]:
         from vllm.lora.request import LoRARequest

@@ -57,6 +57,7 @@ def _blocked_sum(flat: torch.Tensor) -> torch.Tensor:
     return total
 
 
+@torch.no_grad()
 def checksums(tensors: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """[n] float64 sums and [n] float64 sums of magnitudes of `tensors` (one device), in a few kernels however many
     there are: tensors of one dtype and shape are stacked (CHUNK elements at a time) and each row reduced as
@@ -67,9 +68,9 @@ def checksums(tensors: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tens
     if not tensors:
         empty = torch.zeros(0, dtype=torch.float64)
         return empty, empty
-    groups: dict[tuple[torch.dtype, tuple[int, ...]], list[int]] = {}
+    groups: dict[tuple[torch.dtype, torch.Size], list[int]] = {}
     for i, t in enumerate(tensors):
-        groups.setdefault((t.dtype, tuple(t.shape)), []).append(i)
+        groups.setdefault((t.dtype, t.shape), []).append(i)
     order: list[int] = []
     sums: list[torch.Tensor] = []
     abss: list[torch.Tensor] = []
@@ -77,7 +78,7 @@ def checksums(tensors: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tens
         per = max(1, CHUNK // max(math.prod(shape), 1))
         for lo in range(0, len(index), per):
             part = index[lo:lo + per]
-            rows = torch.stack([tensors[i].detach() for i in part]).view(len(part), math.prod(shape))  # [G, numel]
+            rows = torch.stack([tensors[i] for i in part]).view(len(part), math.prod(shape))  # [G, numel] (no_grad)
             sums.append(_row_sums(rows))
             abss.append(_row_sums(rows.abs()))
             order += part

@@ -12,6 +12,8 @@ with the adapter and without it, and the adapters' gradients of L = sum w * log-
   * tp=2 and pp=2 x vpp=2 (interleaved schedule, one layer a chunk) equal tp=1: two updates' metrics and the log-probs after the first; both load tp=1's
     checkpoint (adapters and distributed optimizer state, keyed by PEFT name) and give tp=1's log-probs and
     second update;
+  * the adapter-only sync's export (views planned once at tp 1) equals the unplanned export after updates and after
+    an adapter parameter got new storage;
   * export round-trips through transformers + peft: the adapter written by write_peft_adapter, and the model
     merger's merged HF folder and lora_adapter/ from the checkpoint, load with PeftModel.from_pretrained /
     AutoModelForCausalLM and give the trained actor's log-probs.
@@ -114,6 +116,17 @@ def test_gradients_reach_the_adapters_only_and_equal_pefts(runs, layout):
         assert r["adapter_entries"] == 4 * 7 * 2 // (2 if layout == "pp2_vpp2" else 1)
         assert r["optimizer_numel"] == r["adapter_numel"] > 0
         assert r["base_unchanged"]
+
+
+@pytest.mark.parametrize("layout", ["tp1", "tp2", "pp2_vpp2"])
+def test_adapter_export_follows_the_parameters(runs, layout):
+    """export_adapter_weights (its views planned once at tp 1, pp 1; gathered each time elsewhere) gives what the
+    unplanned export gives, bitwise: after updates that moved the adapters in place, and after an adapter parameter
+    got new storage (the planned views of the old one would send stale values: they differ from the new ones)."""
+    for r in runs[layout]:
+        assert r["export_planned_after_updates"]
+        assert r["new_storage_differs"]
+        assert r["export_planned_after_new_storage"]
 
 
 def _same_update(want: dict, got: dict) -> None:
