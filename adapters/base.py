@@ -91,7 +91,7 @@ class ModelRole(ABC):
         return None
 
     def startup_times(self) -> dict[str, float]:
-        """Seconds of named parts of this role's start-up (hybridrl.trainer.startup); default: none."""
+        """Seconds of named parts of this role's start-up (hybridrl.utils.startup); default: none."""
         return {}
 
     @abstractmethod

@@ -1,5 +1,5 @@
 """Issue 39, "start-up in seconds": the trainer's own start-up table for the SmolLM2 job (a cold start, then the
-same job again: the warm start) and for the 7B shape, in the issue's rows (hybridrl.trainer.startup.phase_table):
+same job again: the warm start) and for the 7B shape, in the issue's rows (hybridrl.utils.startup.phase_table):
 Ray, workers, model build, weight load, vLLM engine, compile and graph capture, first validation, the rest, the total
 to the first step, and the first step itself.
 
@@ -34,7 +34,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
-from hybridrl.trainer.startup import phase_table  # noqa: E402
+from hybridrl.utils.startup import phase_table  # noqa: E402
 
 ARA = "actor_rollout_ref"
 CACHE = "/tmp/startup_bench_cache"

@@ -71,7 +71,7 @@ class MegatronRole:
             loading = time.perf_counter()
             self._master_weights_from_checkpoint(len(rounded))
             load_s += time.perf_counter() - loading
-        # the build's two parts (hybridrl.trainer.startup): megatron-core's import and groups, the model and its
+        # the build's two parts (hybridrl.utils.startup): megatron-core's import and groups, the model and its
         # optimizer; the checkpoint read into it
         self.build_seconds = {"model_build": time.perf_counter() - began - load_s, "weight_load": load_s}
         self.updates = 0  # update calls so far (the LR scheduler counts the same steps)

@@ -184,7 +184,7 @@ class RolloutEngine(ABC):
         return EngineMemory()
 
     def startup_times(self) -> dict[str, float]:
-        """Seconds of named parts of this engine's start-up (hybridrl.trainer.startup); default: none."""
+        """Seconds of named parts of this engine's start-up (hybridrl.utils.startup); default: none."""
         return {}
 
 

@@ -22,6 +22,7 @@ from hybridrl.config.schema.algorithm import AlgorithmConfig
 from hybridrl.controller import WorkerGroup
 from hybridrl.protocol import DataProto
 from hybridrl.reward import RewardManager, RewardOutput
+from hybridrl.utils.startup import StartupClock
 
 from .checkpoint_manager import CheckpointManager, TrainerState, find_resume_path, load_trainer_state, restore_rng_state
 from .generation import ColocatedGeneration, SplitGeneration
@@ -29,7 +30,6 @@ from .generation_dump import generation_records, write_generations
 from .metrics import causal_training_flops, compute_mfu, peak_flops_for
 from .progress import ProgressBar
 from .sampling import Generation, RewardFn, Sampler
-from .startup import StartupClock
 from .tracking import Tracker
 
 if TYPE_CHECKING:  # the data and tokenizer packages load in build(), once the config is known to be valid

@@ -18,10 +18,10 @@ from typing import Any, Optional
 from hybridrl.config import RunConfig
 from hybridrl.controller import Dispatch, Worker, register, register_mesh_dispatch_mode
 from hybridrl.protocol import DataProto
-from hybridrl.trainer.startup import engine_parts
 from hybridrl.utils.device import device_memory_used, peak_metrics, train_peak_memory
 from hybridrl.utils.imports import load_object
 from hybridrl.utils.net import free_port
+from hybridrl.utils.startup import engine_parts
 from hybridrl.utils.timing import timed
 
 from .common import (
@@ -82,7 +82,7 @@ class ActorRolloutRefWorker(Worker):
     def init_model(self) -> dict[str, Any]:
         """Build actor, reference and engine, then run the first weight sync (it streams and proves the
         direct copy) so that start-up, not step 1, carries it. Returns the memory phases and the seconds of
-        each part (hybridrl.trainer.startup)."""
+        each part (hybridrl.utils.startup)."""
         from hybridrl.adapters.megatron import MegatronActor
         from hybridrl.hybrid.plan import ReshardPlan
         from hybridrl.hybrid.weight_sync import SyncOptions, WeightSync

@@ -19,7 +19,7 @@ from typing import Any, Optional
 from hybridrl.config import RunConfig
 from hybridrl.controller import Dispatch, Worker, register
 from hybridrl.protocol import DataProto
-from hybridrl.trainer.startup import engine_parts
+from hybridrl.utils.startup import engine_parts
 
 from .actor_rollout_ref import ROLLOUT_COMPUTE_PROTO, ROLLOUT_MESH
 from .common import (

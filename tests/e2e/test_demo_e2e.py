@@ -139,7 +139,7 @@ def test_generation_and_eval_on_the_demo_checkpoint(demo, tmp_path, capsys):
 def test_the_start_up_table_has_every_phase_and_adds_up_to_the_measured_total(demo):
     """The trainer's start-up metrics (logged with step 1) fold into issue 39's table: every row there, none
     negative, and the rows before the first step add up to timing_s/startup, the process's age when step 1 began."""
-    from hybridrl.trainer.startup import phase_table
+    from hybridrl.utils.startup import phase_table
 
     first = next(r for r in demo["rows"] if "timing_s/startup" in r)
     assert first["step"] == 1

@@ -18,7 +18,7 @@ DOCS = ["README.md", "DEVELOPERS.md", *glob.glob("docs/*.md", root_dir=ROOT), *g
         root_dir=ROOT), "benchmarks/peer_verl/README.md"]
 STAGING = {"stage", "stage_megatron"}  # shell: gpu_run.sh stage, peer_verl/run.sh stage|stage_megatron
 # benchmark scripts that are not GPU runs of their own: CPU tools, a row's steps or a runner's helpers
-NOT_ROWS = {"plan_at_scale", "cross_copy_cpu", "sandbox_overhead", "grpo_sync_summary", "bench_common", "runner",
+NOT_ROWS = {"plan_at_scale", "plan_calibration", "cross_copy_cpu", "sandbox_overhead", "grpo_sync_summary", "bench_common", "runner",
             "standalone_vllm",  # the peers hybrid_bench (the row bench) starts
             "runs", "rows_one_gpu", "rows_two_gpu", "rows_moe"}
 

@@ -13,7 +13,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # model_rewards (reward model + judge) reads the validated reward_model.* and loads tokenizers: above config and data
 LAYERS = [("utils",), ("protocol",), ("algos", "reward"), ("rollout",), ("agent",), ("data",), ("config",),
           ("model_rewards",), ("adapters",), ("hybrid", "plan"), ("controller",), ("workers",),
-          ("trainer", "model_merger")]
+          ("trainer", "model_merger", "torchrun")]
 RANK = {pkg: i for i, names in enumerate(LAYERS) for pkg in names}
 # the adapter interface (ActorModel, WeightRegion) is a contract beside DataProto: engines and workers both use it
 RANK["adapters.base"] = RANK["protocol"]

@@ -6,9 +6,9 @@ import pytest
 
 from hybridrl.config import load_config, validate
 from hybridrl.rollout.vllm_engine import CAPTURE_GRID, _StartupLog, capture_sizes
-from hybridrl.trainer import startup
 from hybridrl.trainer.components import max_rollout_rows
-from hybridrl.trainer.startup import ENGINE_PARTS, StartupClock, engine_parts, phase_table
+from hybridrl.utils import startup
+from hybridrl.utils.startup import ENGINE_PARTS, StartupClock, engine_parts, phase_table
 
 
 def test_capture_sizes_follow_vllms_grid_up_to_the_batch():
