@@ -8,6 +8,18 @@ import os
 import time
 
 
+# ------------------------------------------------------------------------------------------ results files
+def write_result(out: str, record: dict, markdown: str) -> str:
+    """A results record as `out` (JSON) and its Markdown beside it (same name, .md); returns the .md's path."""
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(record, f, indent=1)
+    md = os.path.splitext(out)[0] + ".md"
+    with open(md, "w") as f:
+        f.write(markdown)
+    return md
+
+
 # ------------------------------------------------------------------------------------------ prompts and a worker
 def prompt_ids(n: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
     import torch

@@ -37,6 +37,7 @@ from typing import Any, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+from bench_common import write_result  # noqa: E402
 from scale_report import read_steps  # noqa: E402
 
 ARA = "actor_rollout_ref"
@@ -172,11 +173,7 @@ def main() -> None:
     result = report(args.in_dir, args.full_smol, args.device)
     command = "; ".join(f"OUT=$OUT python3 benchmarks/runs.py run lora_{n}" for n in (*RUN_NAMES, "report"))
     result = {"command": command, **result}
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
-    with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
-        f.write(markdown(result, command))
+    write_result(args.out, result, markdown(result, command))
     print(json.dumps(result["metrics"], indent=1))
 
 

@@ -34,6 +34,7 @@ from typing import Any, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import scale_report  # noqa: E402  (benchmarks/: this script's folder)
+from bench_common import write_result  # noqa: E402
 
 RUNS = ("moe_1b_te_grpo", "moe_8b_ep4", "moe_8b_ep4_r3", "moe_8b_ep4_rtp4")
 # metric -> (goal, "min" | "max"): the value must be at least / at most the goal
@@ -147,12 +148,8 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
               "bandwidth": {"d2d_bytes_per_s_1gpu": d2d_1, "d2d_bytes_per_s_4gpu": d2d_4,
                             "busbw_bytes_per_s_4gpu": ag.get("busbw_bytes_per_s")},
               "train": train, "runs": runs}
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(record, f, indent=1)
     text = markdown(record)
-    with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
-        f.write(text)
+    write_result(args.out, record, text)
     _keep_inputs(args.in_dir, os.path.splitext(args.out)[0])
     print(text)
     return record

@@ -33,6 +33,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
+sys.path.insert(0, HERE)
+
+from bench_common import write_result  # noqa: E402
 
 from hybridrl.utils.startup import phase_table  # noqa: E402
 
@@ -120,12 +123,8 @@ def report(args: argparse.Namespace) -> int:
     device = "cpu (dry run)" if args.cpu else _gpu_name()
     out = {"command": args.command, "device": device, "date": datetime.date.today().isoformat(), "metrics": metrics,
            "runs": runs}
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(out, f, indent=1)
     md = markdown(out)
-    with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
-        f.write(md)
+    write_result(args.out, out, md)
     print(md)
     return 0
 
