@@ -1,4 +1,5 @@
 """Start-up: the parts a user waits for add up, and vLLM's CUDA graphs are fitted to the rollout batch."""
+import contextlib
 import logging
 import time
 
@@ -81,39 +82,37 @@ def test_host_pinning_in_the_background_is_listed_but_only_its_wait_adds_up():
     assert "host_pin_background" not in clock.summary()
 
 
-def test_vllm_startup_parts_are_read_from_its_log_records():
-    handler = _StartupLog()
-    log = logging.getLogger("vllm.v1.worker.gpu_model_runner")
-    log.addHandler(handler)
+@contextlib.contextmanager
+def _startup_log(logger: str):
+    """A _StartupLog on one of vLLM's loggers at INFO, as the engine attaches it, taken off afterwards."""
+    handler, log = _StartupLog(), logging.getLogger(logger)
     old_level = log.level
+    log.addHandler(handler)
     log.setLevel(logging.INFO)
     try:
+        yield handler, log
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(old_level)
+
+
+def test_vllm_startup_parts_are_read_from_its_log_records():
+    with _startup_log("vllm.v1.worker.gpu_model_runner") as (handler, log):
         log.info("Model loading took %s GiB memory and %.6f seconds", "0.25", 1.234567)
         log.info("Graph capturing finished in %.0f secs, took %.2f GiB", 7.6, 0.31)
         log.info("torch.compile and initial profiling/warmup run together took %.2f s in total", 20.5)
         log.info("some other message %s", 3.0)
-    finally:
-        log.removeHandler(handler)
-        log.setLevel(old_level)
     # full precision (not the '%.0f' of the text), one entry per part
     assert handler.seconds == {"engine_load": 1.234567, "engine_capture": 7.6, "engine_compile": 20.5}
 
 
 def test_vllm_init_engine_less_its_timed_parts_is_the_warmup_and_the_plan_flag_is_read():
-    handler = _StartupLog()
-    log = logging.getLogger("vllm.v1.engine.core")
-    log.addHandler(handler)
-    old_level = log.level
-    log.setLevel(logging.INFO)
-    try:
+    with _startup_log("vllm.v1.engine.core") as (handler, log):
         log.info("Applying persisted startup plan (fingerprint %s): kv_cache_memory_bytes=%d", "abc", 5)
         log.info("torch.compile took %.2f s in total", 4.0)
         log.info("Initial profiling/warmup run took %.2f s", 1.5)
         log.info("Graph capturing finished in %.0f secs, took %.2f GiB", 2.0, 0.3)
         log.info("init engine (profile, create kv cache, warmup model) took %.2f s (compilation: %.2f s)", 12.0, 4.0)
-    finally:
-        log.removeHandler(handler)
-        log.setLevel(old_level)
     assert handler.plan_applied
     assert handler.parts() == {"engine_compile": 4.0, "engine_profile_run": 1.5, "engine_capture": 2.0,
                                "engine_warmup": pytest.approx(12.0 - 4.0 - 1.5 - 2.0)}
