@@ -354,7 +354,7 @@ def _spawn_groups(run: RunConfig, model_dir: str, total_steps: int, rollout_rows
         from hybridrl.controller.runtime_env import cpus_per_process, joins_cluster
 
         ray_init = dict(cfg.ray_kwargs.ray_init)
-        num_cpus = _init_ray(run)  # Components.build started it beside the data; a no-op then
+        num_cpus = _ray_num_cpus(run)  # Ray itself was started by Components.build, beside the data
         joined = joins_cluster(ray_init.get("address"))
         processes = d.world_size + d.placement.rollout_world
         per_process = 1.0 if use_gpu else cpus_per_process(num_cpus, processes, t.n_gpus_per_node, joined)
@@ -393,16 +393,18 @@ def _spawn_groups(run: RunConfig, model_dir: str, total_steps: int, rollout_rows
     return actor, critic, rollout, rank0, (reward_model, rm_dir) if reward_model is not None else None
 
 
-def _init_ray(run: RunConfig) -> int:
-    """Start (or join) Ray as ray_kwargs asks, unless this process already did; returns the CPUs it was given."""
+def _ray_num_cpus(run: RunConfig) -> int:
+    """The CPUs Ray is given: ray_kwargs.ray_init.num_cpus, else this machine's (at least one a process)."""
+    d = run.derived
+    return run.cfg.ray_kwargs.ray_init.get("num_cpus") or max(os.cpu_count() or 1, d.world_size + d.placement.rollout_world)
+
+
+def _init_ray(run: RunConfig) -> None:
+    """Start (or join) Ray as ray_kwargs asks, unless this process already did."""
     from hybridrl.controller import init_ray
 
-    cfg, d = run.cfg, run.derived
-    ray_init = dict(cfg.ray_kwargs.ray_init)
-    num_cpus = ray_init.pop("num_cpus", None) or max(os.cpu_count() or 1, d.world_size + d.placement.rollout_world)
-    init_ray(num_cpus=num_cpus, connect_timeout_s=cfg.ray_kwargs.connect_timeout_s,
-             **{k: v for k, v in ray_init.items() if v is not None})
-    return num_cpus
+    ray_init = {k: v for k, v in run.cfg.ray_kwargs.ray_init.items() if k != "num_cpus" and v is not None}
+    init_ray(num_cpus=_ray_num_cpus(run), connect_timeout_s=run.cfg.ray_kwargs.connect_timeout_s, **ray_init)
 
 
 def _startup_report(run: RunConfig, model_dir: str, n_train: int, n_val: int, train: Any, total: int) -> str:
