@@ -154,11 +154,7 @@ class PPOTrainer:
         return carried
 
     def stopped_by_signal(self, saved: bool) -> None:
-        signal.setitimer(signal.ITIMER_REAL, 0)  # the step is saved: the rest of the shut-down may take its time
-        where = (f"saved it to {self.parts.ckpt.step_dir(self.global_step)} (trainer.resume_mode=auto continues)"
-                 if saved else "nothing saved (trainer.save_freq=-1)")
-        if self.parts.is_rank0:
-            print(f"hybridrl: stopped by {self.signals.name} after step {self.global_step}; {where}", flush=True)
+        self.signals.stopped_after(self.global_step, self.parts.ckpt.step_dir(self.global_step) if saved else None)
 
     def train_step(self, rollout: Rollout, step: int) -> dict[str, float]:
         timing = dict(rollout.timing)

@@ -88,10 +88,7 @@ class SFTTrainer:
                 metrics["timing_s/save_checkpoint"] = self.save(self.global_step)
             self.tracker.log(metrics, self.global_step)
             if stopping:
-                signal.setitimer(signal.ITIMER_REAL, 0)  # saved: the rest of the shut-down may take its time
-                if self.rank0:
-                    print(f"hybridrl: stopped by {signals.name} after step {self.global_step}; saved it to "
-                          f"{self.ckpt.step_dir(self.global_step)} (trainer.resume_mode=auto continues)", flush=True)
+                signals.stopped_after(self.global_step, self.ckpt.step_dir(self.global_step))
                 break
             if last:
                 break

@@ -112,6 +112,15 @@ class StopSignals:
             self._note(int(flag.item()), "received by another rank")
         return self.requested
 
+    def stopped_after(self, step: int, saved_to: Optional[str]) -> None:
+        """The step in flight is done (and saved to `saved_to`, or not saved at all): the grace timer ends, and rank 0
+        says so in one line. The trainers call this, then end the loop."""
+        signal.setitimer(signal.ITIMER_REAL, 0)  # the rest of the shut-down may take its time
+        where = (f"saved it to {saved_to} (trainer.resume_mode=auto continues)" if saved_to
+                 else "nothing saved (trainer.save_freq=-1)")
+        if self.rank0:
+            print(f"hybridrl: stopped by {self.name} after step {step}; {where}", flush=True)
+
     def raise_if_requested(self) -> None:
         """At the end of start-up: a signal that came during it stops the run here, where nothing is half-done
         (raised from the handler, the exception would land inside Ray's start-up calls). Under torchrun the ranks
