@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Staging for the verl side-by-side runs, and the old name of their rows in benchmarks/runs.py (peer_verl/rows.py).
-#   stage:     unpack .gpu_verl (carried in this call) into /tmp/verl_site; check both environments; materialize
+#   stage:     unpack .gpu_verl (carried in this call, or earlier into /tmp/bv) into /tmp/verl_site; check both environments; materialize
 #              SmolLM2's HF folder; write the random 1.5B Qwen2 folder. Needs our bundle staged (gpu_run.sh stage).
 #   stage_megatron: `stage` plus the checks of verl's Megatron path on the GPU (check_megatron_imports.py with TE,
 #              check_verl_config.py) and the random 1.5B and 7B folders WITH weights (verl's Megatron and FSDP
@@ -27,6 +27,11 @@ VERL_PATH=$HERE/shims:/tmp/verl_site:/tmp/site
 STEP_TAIL=8
 source "$PWD/benchmarks/run_lib.sh"
 
+verl_site() {  # .gpu_verl carried in this call, or copied to /tmp/bv by an earlier call of the lease
+  mkdir -p /tmp/bv && { [ ! -d .gpu_verl ] || cp .gpu_verl/v_* .gpu_verl/unpack.sh /tmp/bv/; } \
+    && bash /tmp/bv/unpack.sh /tmp/verl_site
+}
+
 ours_smol_dir() { PYTHONPATH=$OURS_PATH smol_dir; }  # run_lib.sh's, with our site (verl's runs set another)
 
 model_with_weights() {  # model_with_weights SHAPE DIR: the random Qwen2.5 folder with its weights (verl loads them)
@@ -36,7 +41,7 @@ model_with_weights() {  # model_with_weights SHAPE DIR: the random Qwen2.5 folde
 
 case "$MODE" in
   stage)
-    mkdir -p /tmp/bv && cp .gpu_verl/v_* .gpu_verl/unpack.sh /tmp/bv/ && bash /tmp/bv/unpack.sh /tmp/verl_site
+    verl_site
     [ -d /tmp/site/vllm ] || { echo "our bundle is not at /tmp/site: run benchmarks/gpu_run.sh stage first"; exit 1; }
     PYTHONPATH=$OURS_PATH python3 -c "import torch, transformers, vllm, ray, pyarrow, pandas
 print('ours:', torch.__version__, 'transformers', transformers.__version__, 'vllm', vllm.__version__, 'ray', ray.__version__, 'pyarrow', pyarrow.__version__, 'pandas', pandas.__version__)"
@@ -53,7 +58,7 @@ print('verl:', verl.__version__, 'torch', torch.__version__, 'transformers', tra
     nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
     ;;
   stage_megatron)
-    mkdir -p /tmp/bv && cp .gpu_verl/v_* .gpu_verl/unpack.sh /tmp/bv/ && bash /tmp/bv/unpack.sh /tmp/verl_site || exit 1
+    verl_site || exit 1
     [ -d /tmp/site/vllm ] || { echo "our bundle is not at /tmp/site: run benchmarks/gpu_run.sh stage first"; exit 1; }
     PYTHONPATH=/tmp/site python3 -c "import transformer_engine.pytorch, transformer_engine_torch" > /dev/null 2>&1 \
       || { echo "transformer-engine is not in /tmp/site: bash benchmarks/te/install.sh /tmp/site --wait 240 first"; exit 1; }
