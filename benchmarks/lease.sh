@@ -16,7 +16,7 @@ export PYTHONPATH=/tmp/site:$PWD NCCL_NVLS_ENABLE=0 VLLM_ENABLE_V1_MULTIPROCESSI
 collect() {
   mkdir -p "${OUT:-/tmp/out}"
   (cd /tmp && find L -type f \( -name '*.json' -o -name '*.jsonl' -o -name '*.log' -o -name '*.md' -o -name '*.txt' \
-     -o -name '*.rc' -o -name '*.sh' \) -size -40M | tar czf "${OUT:-/tmp/out}/L.tgz" -T -)
+     -o -name '*.rc' -o -name '*.sh' -o -name '*_at' \) -size -40M | tar czf "${OUT:-/tmp/out}/L.tgz" -T -)
   ls -la "${OUT:-/tmp/out}/L.tgz"
 }
 
