@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
 import os
 import subprocess
@@ -32,6 +33,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 PY = sys.executable
+TRACES_DIR = os.path.join(HERE, "data", "calc_traces")  # gen_tool_traces --train 2000 --test 100 --seed 7
+COMMITTED_TRACES = 2000
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,20 @@ def _sft_export(out: str) -> str:
     return os.path.join(root, f"global_step_{step}", "huggingface")
 
 
+def _traces(args: argparse.Namespace) -> list[str]:
+    """Generate the traces, or, on a host without reasoning_gym (the GPU host), copy benchmarks/data/calc_traces:
+    the same generator's output for the default arguments (tests/unit/test_calc_traces.py regenerates and compares)."""
+    out = os.path.join(args.out, "traces")
+    if importlib.util.find_spec("reasoning_gym") is None:
+        if args.traces != COMMITTED_TRACES:
+            raise SystemExit(f"agent_tools traces: reasoning_gym is not installed and the committed traces hold "
+                             f"{COMMITTED_TRACES} rows, not --traces {args.traces}; install reasoning-gym")
+        print(f"agent_tools traces: reasoning_gym is not installed here; the committed {TRACES_DIR}", flush=True)
+        return [PY, "-c", "import shutil, sys; shutil.copytree(sys.argv[1], sys.argv[2])", TRACES_DIR, out]
+    return [PY, "-m", "hybridrl.data.gen_tool_traces", "--task", "gsm_symbolic", "--out_dir", out,
+            "--train", str(args.traces), "--test", "100", "--seed", "7"]
+
+
 def _grpo(args: argparse.Namespace, name: str, extra: list[str]) -> list[str]:
     return [PY, "-m", "hybridrl.trainer.main_ppo", "--config-name", "agent_smollm2_calc",
             f"actor_rollout_ref.model.path={_sft_export(args.out)}", "actor_rollout_ref.model.gguf_file=null",
@@ -57,9 +74,8 @@ def _grpo(args: argparse.Namespace, name: str, extra: list[str]) -> list[str]:
 
 
 STAGES = {
-    "traces": Stage("calculator traces of gsm_symbolic (CPU)", lambda a: [
-        PY, "-m", "hybridrl.data.gen_tool_traces", "--task", "gsm_symbolic", "--out_dir", os.path.join(a.out, "traces"),
-        "--train", str(a.traces), "--test", "100", "--seed", "7"]),
+    "traces": Stage("calculator traces of gsm_symbolic (CPU; the committed copy where reasoning_gym is missing)",
+                    lambda a: _traces(a)),
     "sft": Stage("SFT of SmolLM2 on the traces (1 GPU)", lambda a: [
         PY, "-m", "hybridrl.trainer.main_sft", "--config-name", "sft_smollm2_calc", f"model.path={a.model}",
         f"model.gguf_file={GGUF}", f"data.train_files=[{os.path.join(a.out, 'traces', 'train.parquet')}]",

@@ -3,9 +3,10 @@
 The runs are rows of benchmarks/runs.py (rows_one_gpu.py builds their trainer commands from the tables below):
   lora_7b_full, lora_7b_lora, lora_7b_awake   the scale curve's 7B workload (random weights, rows_one_gpu.scale_common
                                               + SCALE_SHAPES["7b"], GPU_UTIL of the GPU for vLLM), full fine-tuning vs
-                                              LoRA rank 32 (adapter-only sync, the engine asleep at level 1 between
-                                              rollouts) vs the same with free_cache_engine=false (the engine stays awake:
-                                              no host round trip of its base)
+                                              LoRA rank 32 (adapter-only sync; the engine asleep between rollouts with
+                                              its base kept on the GPU where the plan fits it, rollout.lora_base_resident
+                                              =auto, else at level 1) vs the same with free_cache_engine=false (the
+                                              engine stays awake, KV cache too)
   lora_smol, lora_smol_full                   GRPO on SmolLM2 + gsm_symbolic (configs/grpo_smollm2_gsm8k.yaml) with LoRA,
                                               and full fine-tuning beside it (else the full run of
                                               benchmarks/results/grpo_smollm2.json is the baseline)
@@ -16,7 +17,7 @@ The runs are rows of benchmarks/runs.py (rows_one_gpu.py builds their trainer co
 Metrics (the issue's names first), medians over steps 2..N of the trainer's metrics.jsonl:
 - lora_sync_seconds_vs_full: the sync's transfer and checks (timing_s/reshard less timing_s/engine_wake_weights), LoRA over
   full fine-tuning; lora_sync_phase_seconds_vs_full: timing_s/reshard whole (the engine's wake included: at level 1 it
-  copies the base back from host memory); both also for the awake run (_awake);
+  copies the base back from host memory, with the base resident it wakes nothing); both also for the awake run (_awake);
 - lora_peak_memory_vs_full: the step's peak device memory (max of memory/train_peak_bytes and
   memory/rollout_used_bytes over all steps), LoRA over full; lora_train_peak_vs_full: the training phase's alone;
 - lora_gap_vs_full: rollout-vs-actor log-prob gap (rollout_vs_actor/logprob_abs_diff_mean), LoRA over full: the bf16
@@ -152,7 +153,8 @@ def markdown(result: dict[str, Any], command: str) -> str:
                      f"{_f(r['gap'])} | {_f(r['step_s'])} | {_f(r['val_score_gain'])} |")
     lines += ["", f"full_val_score_gain from {result['full_val_score_gain_from']}.", "",
               "Sync: transfer+checks = timing_s/reshard less the engine's wake of its weights (at level-1 sleep the LoRA "
-              "engine copies its base back from host memory there; full fine-tuning's level-2 wake only maps memory). "
+              "engine copies its base back from host memory there, with its base resident it wakes nothing; full "
+              "fine-tuning's level-2 wake only maps memory). "
               "The awake run keeps the engine on the GPU through training (free_cache_engine=false).", ""]
     return "\n".join(lines)
 

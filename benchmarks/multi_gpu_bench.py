@@ -84,6 +84,7 @@ def parse() -> argparse.Namespace:
     par.add_argument("--response", type=int, default=192)
     ag = sub.choices["allgather"]
     ag.add_argument("--mib", type=int, default=512, help="bytes each rank receives per all-gather, MiB")
+    ag.add_argument("--ipc", action="store_true", help="also time a pull of the peer's buffer over CUDA IPC (copy engine)")
     r = sub.add_parser("report")
     r.add_argument("--in-dir", required=True)
     r.add_argument("--out", required=True)
@@ -212,13 +213,13 @@ def allgather(args: argparse.Namespace) -> None:
     """Bandwidth of all_gather_into_tensor: bytes each rank ends up receiving from the others per second."""
     import torch.distributed as dist
 
-    from hybridrl.adapters.megatron import compat, parallel
-
-    if args.cpu:
-        compat.apply()
-    parallel.ensure_process_group(timeout_s=300)
+    # plain torch (NCCL, or gloo with --cpu): the probe runs on a bare GPU host, before any bundle is unpacked
+    cuda = not args.cpu and torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend="nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=300))
     world = dist.get_world_size()
-    dev = torch.device("cuda", torch.cuda.current_device()) if compat.cuda_in_use() else torch.device("cpu")
+    dev = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     total = (args.mib if not args.cpu else 8) << 20
     shard = torch.ones(total // 2 // world, dtype=torch.bfloat16, device=dev)
     out = torch.empty(shard.numel() * world, dtype=torch.bfloat16, device=dev)
@@ -236,7 +237,7 @@ def allgather(args: argparse.Namespace) -> None:
     from bench_common import d2d_bandwidth  # benchmarks/ is this script's folder
 
     d2d = d2d_bandwidth(dev.type, out.numel() * 2)  # the floor for bytes written into the engine on this GPU
-    pairs = pair_exchange(dev, shard.numel() * 2 * (world - 1), sync) if world % 2 == 0 else {}
+    pairs = pair_exchange(dev, shard.numel() * 2 * (world - 1), sync, args.ipc) if world % 2 == 0 else {}
     if dist.get_rank() == 0:
         record = {"world": world, "output_bytes": out.numel() * 2, "seconds": seconds,
                   "algbw_bytes_per_s": out.numel() * 2 / seconds, "busbw_bytes_per_s": received / seconds,
@@ -248,7 +249,7 @@ def allgather(args: argparse.Namespace) -> None:
     dist.destroy_process_group()
 
 
-def pair_exchange(dev: torch.device, nbytes: int, sync) -> dict[str, float]:
+def pair_exchange(dev: torch.device, nbytes: int, sync, ipc: bool = False) -> dict[str, float]:
     """What the cross-GPU weight copy moves (hybrid/remote.py): rank r and its neighbour r ^ 1 swap `nbytes` at once,
     as one message and as rounds of 256 MiB (batch_isend_irecv, NCCL point-to-point on GPU), beside an all-gather
     of the same bytes in a group of the two. Bytes each rank receives per second; every pair runs at once."""
@@ -271,6 +272,20 @@ def pair_exchange(dev: torch.device, nbytes: int, sync) -> dict[str, float]:
     gathered = torch.empty(2 * nbytes, dtype=torch.uint8, device=dev)
     ways = {"p2p_one_message": lambda: exchange(nbytes), "p2p_rounds_256mib": lambda: exchange(256 << 20),
             "pair_all_gather": lambda: dist.all_gather_into_tensor(gathered, send, group=pair)}
+    if world > 2:  # tp2 x dp2 -> tp_g1 x dp_g4: a rank's missing half is held by its tp peer and that peer's dp copy
+        ring = sorted({(rank - 1) % world, (rank + 1) % world})
+
+        def two_peers() -> None:
+            half = nbytes // 2
+            ops = []
+            for k, p in enumerate(ring):
+                ops += [dist.P2POp(dist.isend, send.narrow(0, k * half, half), p),
+                        dist.P2POp(dist.irecv, recv.narrow(0, k * half, half), p)]
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
+        ways["p2p_two_peers"] = two_peers
+    if ipc and dev.type == "cuda":
+        ways["ipc_copy_engine"] = _ipc_pull(send, recv, peer, sync)
     out = {"pair_bytes": float(nbytes)}
     for name, fn in ways.items():
         fn()  # warm-up: NCCL connects a new peer on first use
@@ -284,6 +299,25 @@ def pair_exchange(dev: torch.device, nbytes: int, sync) -> dict[str, float]:
         print("pairs swapping " + f"{nbytes / 2**20:.0f} MiB: " + ", ".join(
             f"{k[:-len('_bytes_per_s')]} {v / 1e9:.1f} GB/s" for k, v in out.items() if k.endswith("_per_s")), flush=True)
     return out
+
+
+def _ipc_pull(send: torch.Tensor, recv: torch.Tensor, peer: int, sync):
+    """The peer's send buffer opened through CUDA IPC and copied into `recv` by this process (a device-to-device
+    copy across NVLink by the copy engines, no NCCL): the transport a pull-based cross-GPU copy would use. Each
+    timed pass ends in a barrier, so no rank reads a buffer its peer has not finished writing (here: never rewritten)."""
+    import torch.distributed as dist
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    handles: list = [None] * dist.get_world_size()
+    dist.all_gather_object(handles, reduce_tensor(send))
+    rebuild, rebuild_args = handles[peer]
+    peer_send = rebuild(*rebuild_args)
+
+    def pull() -> None:
+        recv.copy_(peer_send, non_blocking=True)
+        sync()
+        dist.barrier()
+    return pull
 
 
 # ------------------------------------------------------------------------------------------ report

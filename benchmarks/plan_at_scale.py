@@ -79,8 +79,16 @@ share 0.5. **The GPUs:** H200 (139.8 GiB), 8 a node on NVLink (248 GB/s all-gath
 **Between nodes** (an assumption, `--net-gbps`): 400 Gb/s a GPU (one 400G NIC per GPU, an InfiniBand NDR node) and,
 for a slower fabric, 100 Gb/s a GPU; collectives over it at 80% of the line rate.
 **The model's inputs:** the shapes from the published config.json files (`benchmarks/plan_models/`); the step-time
-constants from `benchmarks/results/plan_calibration.json` (1-4 H200s, 0.5B-14B dense models); responses taken at
-their full length (a real run's EOS makes generation and training shorter).
+constants fitted by `benchmarks/plan_calibration.py` on the 23 measured rows of
+`benchmarks/results/plan_calibration.json` (1-4 H200s, 0.5B-14B dense models; every row within 0.184 of its measured
+step, 0.292 at worst with a row's lease held out of the fit: `benchmarks/results/plan_accuracy.md`); responses taken
+at their full length (a real run's EOS makes generation and training shorter).
+**Decode** (a replica's step): a fixed 1.85 ms, 17 us a sequence, the slower of the weights' read from HBM and the
+GEMMs' 2 N FLOPs a sequence at the GPU's peak (an assumption: left free, the fit put decode's MFU above 1, so the
+measured rows do not set it; at the peak a step is compute-bound above ~206 sequences a replica, the H200's peak
+FLOPs over its HBM bandwidth, whatever the model), the KV cache's read, 2 all-reduces a layer for tp_g > 1, and 0.82 ms a layer more every step where
+a replica decodes more than 512 sequences (vLLM's largest captured CUDA graph; fitted on a 1,024-sequence run and an
+eager one).
 **The sync** (the weights into the engine, and their check) counts what each GPU receives from other GPUs for its
 engine shard: the other pipeline stages' layers (over the network where the pipeline spans nodes) and its tp peers'
 pieces, at 0.52 of the link (the cross-GPU copy as measured on 4 x H200), plus the check at 7 ms per GB (measured
@@ -89,16 +97,17 @@ before the cheaper checksums of 5f711d7).
 What the numbers cannot know: MoE kernels (grouped GEMM efficiency, all-to-all overlap) were never measured here, so the
 30B-A3B rows use the dense MFU at its width; vLLM's expert parallelism is not modeled (its rollout is tp_g x dp_g);
 efficiency losses of very large dp (the driver's dispatch of 8k samples) are outside the model, and the wait for
-the slowest worker around generation is the 4-GPU runs' 0.26 s per doubling of the GPUs carried on to 64-512 GPUs
-(1.6-2.3 s of a step).
+the slowest worker around generation is the 1-4-GPU runs' 0.39 s per doubling of the GPUs (fitted) carried on to
+64-512 GPUs (2.3-3.5 s of a step).
 
 | model | GPUs | Gb/s a GPU | training layout | rollout | knobs | step s | gen / sync + check / log-probs / update | peak GiB | layouts that fit |
 | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |
 """
 FOOTER = """
-Reading the table: generation is most of the step at every scale (4k decode steps of a replica, each with a fixed
-cost), and it shrinks with dp_g only through the per-sequence part, which is why the search picks the smallest tp_g
-that fits the weights; training shrinks with the GPUs until the gradients' reduce-scatter over the network and the
+Reading the table: generation is 4k decode steps of a replica, and at these lengths a step reads a KV cache of up to
+5k tokens a sequence (30B-A3B, 128 sequences a replica at 64 GPUs: 32 GB a step, 6.7 ms) and, above ~206 sequences,
+is compute-bound; it shrinks with dp_g through the sequences a replica holds, which is why the search picks the
+smallest tp_g that fits the weights; training shrinks with the GPUs until the gradients' reduce-scatter over the network and the
 pipeline's bubble take over. With the slower network the search moves to layouts that keep more of the gradient
 traffic inside a node (larger tp or pp, smaller dp). With pp spanning nodes, the sync's weights from the other
 stages cross the network too: at 100 Gb/s a GPU the sync and its check take 6.6-11 s of a step.

@@ -19,8 +19,15 @@ Metrics (the issue's names first; timings are medians over steps 2..N, step 1 ca
                              plus its rise in allocated bytes: onloaded weights + forward)
   plan_reward_bytes          phases.reward.total of the plan
   reward_measured_over_plan  reward_peak_bytes / plan_reward_bytes (the issue: within 1.15)
-  peak_measured_over_plan    the largest measured peak (train, rollout, reward) / the plan's peak total
-NOT RUN YET ON GPU: a lease runs `models` + `run` + `report`; `dry-run` checks the whole path here on CPU.
+  {train,rollout,ref}_peak_bytes, plan_*_bytes, *_measured_over_plan    each measured phase against its own plan
+                             phase (hybridrl/plan/report.py pairs them): train ~ the largest of train_actor,
+                             train_actor_onload, actor_step; rollout ~ rollout; ref ~ ref_log_prob
+  peak_measured_over_plan    the largest measured peak / the plan's peak total (a phase over its plan can hide here)
+  cache_held_bytes           max over steps and phases of the allocator's cache that empty_cache could not return,
+                             inside every measured peak and in no plan component (memory/*_cache_held_bytes, and the
+                             rollout's reserved - allocated)
+Step 1 runs before the optimizer's state exists (Adam's moments come with the first update), so the maxima are
+steps 2..N's. `dry-run` checks the whole path here on CPU.
 """
 from __future__ import annotations
 
@@ -38,7 +45,10 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 ARA = "actor_rollout_ref"
-PEAKS = {"train": "memory/train_peak_bytes", "rollout": "memory/rollout_used_bytes", "reward": "memory/reward_peak_bytes"}
+# measured peak -> its metric; the plan phase each is compared with is plan_totals'
+PEAKS = {"train": "memory/train_peak_bytes", "rollout": "memory/rollout_used_bytes", "reward": "memory/reward_peak_bytes",
+         "ref": "memory/ref_peak_bytes"}
+HELD = ("memory/train_cache_held_bytes", "memory/ref_cache_held_bytes", "memory/reward_cache_held_bytes")
 
 
 def make_models(folder: str, shape: str) -> tuple[str, str]:
@@ -81,6 +91,16 @@ def overrides(policy: str, rm: str, out: str, steps: int, cpu: bool) -> list[str
             "reward_model.micro_batch_size_per_gpu=16", "reward_model.model.input_tokenizer=null"]
 
 
+def card_gib(cpu: bool) -> float:
+    """GPU 0's memory in GiB: the plan must be for the card the run measures on (an 80 GiB plan against an H200's
+    vLLM share, gpu_memory_utilization of 140 GiB, put the rollout phase at 1.63x its plan on 2026-11-28)."""
+    if cpu:
+        return 80.0
+    import torch
+
+    return torch.cuda.get_device_properties(0).total_memory / 2**30
+
+
 def run(models: str, out: str, steps: int, cpu: bool, gpu_mem_gb: float) -> int:
     policy, rm = os.path.join(models, "policy"), os.path.join(models, "rm")
     if os.path.exists(out) and os.listdir(out):
@@ -88,6 +108,7 @@ def run(models: str, out: str, steps: int, cpu: bool, gpu_mem_gb: float) -> int:
         return 2
     os.makedirs(out, exist_ok=True)
     args = overrides(policy, rm, out, steps, cpu)
+    gpu_mem_gb = gpu_mem_gb or card_gib(cpu)
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     plan = subprocess.run([sys.executable, "-m", "hybridrl", "plan", *args, "--json", "--gpu-mem-gb", str(gpu_mem_gb),
                            "--reward-model-config", rm], cwd=ROOT, env=env, capture_output=True, text=True)
@@ -95,8 +116,8 @@ def run(models: str, out: str, steps: int, cpu: bool, gpu_mem_gb: float) -> int:
         f.write(plan.stdout)
     command = [sys.executable, "-m", "hybridrl.trainer.main_ppo", *args]
     with open(os.path.join(out, "run.json"), "w") as f:
-        json.dump({"command": " ".join(command), "cpu": cpu, "gpu_memory_gib": gpu_mem_gb, "plan_rc": plan.returncode},
-                  f, indent=1)
+        json.dump({"command": " ".join(command), "cpu": cpu, "device": "cpu" if cpu else _device(),
+                   "gpu_memory_gib": gpu_mem_gb, "plan_rc": plan.returncode}, f, indent=1)
     return subprocess.run(command, cwd=ROOT, env=env).returncode
 
 
@@ -112,27 +133,49 @@ def summarize(folder: str) -> dict[str, Any]:
     shares = [r["timing_s/reward_model"] / r["timing_s/step"] for r in timed
               if r.get("timing_s/reward_model") and r.get("timing_s/step")]
     out["rm_share_of_step"] = statistics.median(shares) if shares else None
-    measured = {k: max((r[key] for r in steps if isinstance(r.get(key), (int, float))), default=None)
-                for k, key in PEAKS.items()}
-    phases = plan.get("phases") or {}
+    measured = {k: _max(steps, key) for k, key in PEAKS.items()}
+    planned = plan_totals(plan.get("phases") or {})
     out["reward_peak_bytes"] = measured["reward"]
-    out["plan_reward_bytes"] = (phases.get("reward") or {}).get("total")
-    out["reward_measured_over_plan"] = _ratio(measured["reward"], out["plan_reward_bytes"])
+    out["plan_reward_bytes"] = planned["reward"]
+    out["reward_measured_over_plan"] = _ratio(measured["reward"], planned["reward"])
+    for name in ("train", "rollout", "ref"):
+        out[f"{name}_peak_bytes"] = measured[name]
+        out[f"plan_{name}_bytes"] = planned[name]
+        out[f"{name}_measured_over_plan"] = _ratio(measured[name], planned[name])
     peak = max((v for v in measured.values() if v), default=None)
     out["plan_peak_bytes"] = (plan.get("peak") or {}).get("bytes")
     out["peak_measured_over_plan"] = _ratio(peak, out["plan_peak_bytes"])
+    rollout_held = [r["memory/rollout_torch_reserved_bytes"] - r["memory/rollout_torch_allocated_bytes"] for r in steps
+                    if "memory/rollout_torch_reserved_bytes" in r and "memory/rollout_torch_allocated_bytes" in r]
+    held = [v for v in [*(_max(steps, key) for key in HELD), *rollout_held] if v is not None]
+    out["cache_held_bytes"] = max(held) if held else None
     out["measured_peaks_bytes"] = measured
     return out
+
+
+def plan_totals(phases: dict[str, Any]) -> dict[str, Optional[int]]:
+    """The plan's total for each measured peak (PEAKS), None where the plan has no such phase."""
+    from hybridrl.plan.report import update_peak_total
+
+    def total(name: str) -> Optional[int]:
+        return (phases.get(name) or {}).get("total")
+
+    return {"train": update_peak_total(phases), "rollout": total("rollout"), "reward": total("reward"),
+            "ref": total("ref_log_prob")}
+
+
+def _max(steps: list[dict[str, Any]], key: str) -> Optional[float]:
+    return max((r[key] for r in steps if isinstance(r.get(key), (int, float))), default=None)
 
 
 def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
     return a / b if a and b else None
 
 
-def report(in_dir: str, out: str, command: str) -> dict[str, Any]:
+def report(in_dir: str, out: str, command: str, device: str = "") -> dict[str, Any]:
     summary = summarize(in_dir)
     info = json.load(open(os.path.join(in_dir, "run.json")))
-    device = "cpu" if info.get("cpu") else _device()
+    device = device or info.get("device") or ("cpu" if info.get("cpu") else _device())
     record = {"command": command or info["command"], "device": device, "date": datetime.date.today().isoformat(),
               "metrics": {k: v for k, v in summary.items() if k != "measured_peaks_bytes"},
               "detail": {"measured_peaks_bytes": summary["measured_peaks_bytes"], "trainer": info["command"]}}
@@ -165,11 +208,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     r.add_argument("--out", required=True)
     r.add_argument("--steps", type=int, default=6)
     r.add_argument("--cpu", action="store_true")
-    r.add_argument("--gpu-mem-gb", type=float, default=80.0)
+    r.add_argument("--gpu-mem-gb", type=float, default=None,
+                   help="the card the plan is for, GiB (default: this machine's GPU 0; 80 on CPU)")
     rep = sub.add_parser("report")
     rep.add_argument("--in-dir", required=True)
     rep.add_argument("--out", required=True)
     rep.add_argument("--command", default="")
+    rep.add_argument("--device", default="", help="the GPU the run measured on, when the report is made elsewhere")
     d = sub.add_parser("dry-run")
     d.add_argument("--out", required=True)
     args = p.parse_args(argv)
@@ -179,7 +224,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.mode == "run":
         return run(args.models, args.out, args.steps, args.cpu, args.gpu_mem_gb)
     if args.mode == "report":
-        report(args.in_dir, args.out, args.command)
+        report(args.in_dir, args.out, args.command, args.device)
         return 0
     make_models(os.path.join(args.out, "models"), "tiny")
     rc = run(os.path.join(args.out, "models"), os.path.join(args.out, "run"), 3, True, 80.0)

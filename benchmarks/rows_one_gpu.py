@@ -338,7 +338,7 @@ def lora_7b(variant: str):
                      f"{ARA}.rollout.gpu_memory_utilization={c.knob('GPU_UTIL')}", *VARIANTS_7B[variant],
                      *c.words("LORA_ARGS")]
         yield Step(f"lora_7b_{variant}", 560, (c.python, "-m", "hybridrl.trainer.main_ppo", *overrides))
-        yield Show((f"{run}.log",), r"start-up|vLLM LoRA|Error|error:", tail=4)
+        yield Show((f"{run}.log",), r"start-up|vLLM LoRA|lora_base_resident|Error|error:", tail=4)
     return steps
 
 
@@ -368,6 +368,29 @@ def lora_report(c: Context) -> Actions:
     yield Command((c.python, "benchmarks/lora_bench.py", "report", "--in-dir", c.out, "--out",
                    c.path("results", "lora.json"), "--device", device))
     yield Show((c.path("results", "lora.md"),))
+
+
+# ------------------------------------------------------------------------------------------------ start-up (issue 39)
+def startup_report(c: Context) -> Command:
+    return Command((c.python, "benchmarks/startup_bench.py", "report", "--in-dir", c.out,
+                    "--out", c.path("results", "startup.json"), *(("--cpu",) if c.cpu else ())))
+
+
+def startup_smol(c: Context) -> Actions:
+    """The SmolLM2 job twice back to back (startup_bench.py smol: cold caches, then warm), then the report."""
+    yield Command((c.python, "benchmarks/startup_bench.py", "smol", "--out", c.out, "--model", SMOL,
+                   *(("--cpu",) if c.cpu else ())))
+    yield startup_report(c)
+
+
+def startup_7b(c: Context) -> Actions:
+    """four_gpu.py's 7b_big_1gpu for two steps (tag startup), then the report over the same OUT (with startup_smol's
+    runs where they are there)."""
+    name = "tiny_1" if c.cpu else "7b_big_1gpu"
+    yield Command((c.python, "benchmarks/four_gpu.py", "run", name, "--steps", "2", "--tag", "startup", "--out", c.out,
+                   "--budget", "540", "--override", "actor_rollout_ref.rollout.kv_cache_sizing=remember",
+                   *(("--cpu",) if c.cpu else ())))
+    yield startup_report(c)
 
 
 def row(name: str, what: str, steps, **kw) -> Run:
@@ -421,6 +444,10 @@ ROWS = [
           lora_7b(v), knobs=LORA_KNOBS, cpu=True) for v in VARIANTS_7B],
     *[row(f"lora_{v}", f"issue 40: GRPO SmolLM2 for GRPO_TIME_S, {'full fine-tuning' if v.endswith('full') else 'LoRA'}"
           f", into OUT/lora_{v}", lora_smol(v), knobs=LORA_KNOBS, cpu=True) for v in VARIANTS_SMOL],
+    row("startup_smol", "issue 39: the SmolLM2 job's start-up table, cold (empty vLLM/Triton caches) then warm, "
+        "two steps each (startup_bench.py)", startup_smol, results=("startup.json",), cpu=True),
+    row("startup_7b", "issue 39: the 7B shape's start-up table (four_gpu 7b_big_1gpu, two steps), then the report",
+        startup_7b, results=("startup.json",), cpu=True),
     row("lora_report", "issue 40: lora_bench.py's report over OUT/lora_* (LoRA vs full: sync, peak memory, gap, "
         "val gain)", lora_report, results=("lora.json",), gpus=0, cpu=True),
 ]

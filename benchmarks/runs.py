@@ -122,6 +122,15 @@ def decode_step_probe(c: Context) -> Actions:
                    "--out", c.path("decode_step_probe.json"), *c.args))
 
 
+def adapter_sync_probe(c: Context) -> Actions:
+    """Issue 40: the LoRA adapter-only sync by part on the GPU: the tiny shape (the CPU-side per-tensor work alone), then
+    the 7B shape (the whole actor in bf16, ~15 GB; its 392 adapters as the lora_7b_lora row's). On CPU: the tiny shape."""
+    probe = (c.python, "benchmarks/probes/adapter_sync_probe.py", "--device", "cpu" if c.cpu else "cuda")
+    yield Command((*probe, "--shape", "tiny", "--out", c.path("adapter_sync_probe_tiny.json"), *c.args))
+    if not c.cpu:
+        yield Command((*probe, "--shape", "7b", "--out", c.path("adapter_sync_probe_7b.json"), *c.args))
+
+
 TABLES = [
     *four_gpu_rows(),
     Run("four_gpu_report", "four_gpu.py's report over OUT: medians, dp scaling, sync over its floor",
@@ -149,6 +158,8 @@ TABLES = [
         env=ENV),
     Run("probe_vllm_stop_token", "probes/vllm_stop_token_probe.py: does vLLM keep the stop token",
         command("benchmarks/probes/vllm_stop_token_probe.py"), env=ENV),
+    Run("probe_adapter_sync", "probes/adapter_sync_probe.py: the LoRA adapter-only sync's ms a step by part, tiny and 7B "
+        "(issue 40)", adapter_sync_probe, cpu=True, env=ENV),
 ]
 
 ALL = rows_one_gpu.ROWS + rows_two_gpu.ROWS + rows_moe.ROWS + peer_rows.ROWS + TABLES

@@ -19,8 +19,9 @@ the first pinning of host memory):
                             update starts plus the update's rise in allocated memory
   rollout_peak_bytes        max memory/rollout_used_bytes: device memory in use with vLLM's weights and KV awake
   plan_train_bytes, plan_rollout_bytes    the plan's larger of phases.train_actor/actor_step .total, phases.rollout.total
-  ref_peak_bytes            max memory/ref_peak_bytes: the reference's log-prob pass with its weights onloaded
-                            (plan: the ref_log_prob phase, planned only with ref.megatron.param_offload)
+  ref_peak_bytes            max memory/ref_peak_bytes: the reference's log-prob pass with its weights on the device
+                            (plan: the ref_log_prob phase; plans made before issue 42's fix have it only with
+                            ref.megatron.param_offload)
   train_measured_over_plan, rollout_measured_over_plan, ref_measured_over_plan    measured / plan total (the
                             plan's overhead included)
   *_over_plan_no_overhead   measured / (total - overhead): the 0.5B and 1.5B plan_vs_measured results' basis

@@ -14,6 +14,7 @@ SUBCOMMANDS = {
     "convert": ("hybridrl.model_merger.convert_cli", "hf-to-mcore | mcore-to-hf checkpoint conversion"),
     "generate": ("hybridrl.trainer.main_generation", "n samples per prompt to parquet"),
     "eval": ("hybridrl.trainer.main_eval", "mean score and pass@k per data_source"),
+    "torchrun": ("hybridrl.torchrun", "torchrun's arguments; ends on SIGTERM/SIGINT without torchrun's own traceback"),
 }
 
 

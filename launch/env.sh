@@ -39,3 +39,38 @@ hybridrl_print_cmd() {
   done
   printf '%s\n' "${out% }"
 }
+
+# `ray start` flags only a head node takes: Ray (2.60, ray/scripts/scripts.py) aborts a worker node given one,
+# "--include-dashboard should only be specified when starting head node with --head". RAY_START_ARGS is shared by
+# the head and the workers, so these go to the head only.
+HYBRIDRL_RAY_HEAD_ONLY_FLAGS=(--include-dashboard --redis-shard-ports)
+
+# hybridrl_ray_start_args ROLE WORD...: sets the array hybridrl_start_args to the WORDs (RAY_START_ARGS split into
+# words) that a `head` or `worker` node's `ray start` gets: a worker none of the head-only flags (--flag=value or
+# --flag value), which go to hybridrl_head_only_args. Fails, naming the variable to set instead, on --port,
+# --address and --head: the launch scripts set those themselves and the head's port must match RAY_ADDRESS.
+hybridrl_ray_start_args() {
+  local role="$1" value_of="" w flag
+  shift
+  hybridrl_start_args=()
+  hybridrl_head_only_args=()
+  for w in "$@"; do
+    if [[ -n "$value_of" && "$w" != -* ]]; then  # the value of a head-only flag given as "--flag value"
+      hybridrl_head_only_args+=("$w"); value_of=""; continue
+    fi
+    value_of=""
+    flag="${w%%=*}"
+    case "$flag" in
+      --port) echo "RAY_START_ARGS must not hold $w: set RAY_PORT (the head's GCS port) instead" >&2; return 1 ;;
+      --address) echo "RAY_START_ARGS must not hold $w: set RAY_ADDRESS (ray_start.sh worker) or HEAD_IP instead" >&2
+                 return 1 ;;
+      --head) echo "RAY_START_ARGS must not hold --head: the launch script picks each node's role" >&2; return 1 ;;
+    esac
+    if [[ "$role" == worker && " ${HYBRIDRL_RAY_HEAD_ONLY_FLAGS[*]} " == *" $flag "* ]]; then
+      hybridrl_head_only_args+=("$w")
+      [[ "$w" == *=* ]] || value_of="$flag"
+      continue
+    fi
+    hybridrl_start_args+=("$w")
+  done
+}

@@ -20,7 +20,9 @@
 #   RAY_BLOCK=1        stay in the foreground (`ray start --block`)
 #   RAY_START_ARGS     extra `ray start` arguments, word-split (e.g. ports, so two nodes can share a host:
 #                      "--min-worker-port=21000 --max-worker-port=21999 --dashboard-agent-listen-port=52366")
-#   The head runs without the dashboard unless RAY_START_ARGS says --include-dashboard=true (submit needs it).
+#   The head runs without the dashboard unless RAY_START_ARGS says --include-dashboard=true (submit needs it);
+#   a worker leaves out such head-only flags (--include-dashboard, --redis-shard-ports), so that one RAY_START_ARGS
+#   serves every node. --port: set RAY_PORT.
 #
 # The job is submitted (`ray job submit`) or run here (`run`) with the working directory's code; its variables:
 #   RAY_ADDRESS        submit: the cluster's dashboard (job server) address, e.g. http://127.0.0.1:8265. The
@@ -66,7 +68,9 @@ finish() {  # print (dry run) or run the command in "${cmd[@]}"
 
 if [[ "$mode" == head || "$mode" == worker ]]; then
   [[ $# -eq 0 ]] || die "$mode takes no arguments (settings are variables), got: $*"
-  read -r -a start_args <<<"${RAY_START_ARGS:-}"
+  read -r -a words <<<"${RAY_START_ARGS:-}"
+  hybridrl_ray_start_args "$mode" "${words[@]}" || exit 2
+  start_args=("${hybridrl_start_args[@]}")  # a worker's without the head-only flags (launch/env.sh)
   node=(--disable-usage-stats)
   [[ -z "${NODE_IP:-}" ]] || node+=(--node-ip-address="$NODE_IP")
   [[ -z "${NUM_GPUS:-}" ]] || node+=(--num-gpus="$NUM_GPUS")

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Run hybridrl under torchrun with the local backend (same workers, one process per rank, no Ray).
+# Run hybridrl under torchrun with the local backend (same workers, one process per rank, no Ray). torchrun runs as
+# `python -m hybridrl.torchrun`: on SIGTERM/SIGINT the ranks save the step in flight and the job ends with 128 + the
+# signal, without torchrun's own traceback.
 #
 #   NPROC_PER_NODE=8 launch/torchrun.sh preset=7b_8gpu data.train_files=... actor_rollout_ref.model.path=...
 #   # two nodes: run on each, NODE_RANK=0 on the node whose address is MASTER_ADDR
@@ -47,7 +49,7 @@ if [[ -n "${TORCHRUN_ARGS:-}" ]]; then
   read -r -a extra <<<"$TORCHRUN_ARGS"
 fi
 
-cmd=("$PYTHON" -m torch.distributed.run "${rendezvous[@]}" --nproc_per_node="$NPROC_PER_NODE" --max_restarts=0
+cmd=("$PYTHON" -m hybridrl.torchrun "${rendezvous[@]}" --nproc_per_node="$NPROC_PER_NODE" --max_restarts=0
      "${extra[@]}" -m "$ENTRY_MODULE"
      trainer.backend=local trainer.nnodes="$NNODES" trainer.n_gpus_per_node="$NPROC_PER_NODE" "$@")
 

@@ -3,7 +3,8 @@ in the padded layout or packed into one THD sequence (forward.pack / forward.pac
 
 Why counts may be rounded: megatron's interleaved (virtual pipeline) schedule needs at least pp
 micro-batches and a multiple of pp, so `multiple` pads the number of micro-batches (rows are spread
-evenly; no micro-batch is empty). The update stays exact because the loss of each micro-batch is
+evenly; no micro-batch is empty); to train it needs at least 2*pp (`min_count`: with exactly pp it deadlocks,
+engine.check_interleaved_count). The update stays exact because the loss of each micro-batch is
 weighted by its share of the whole mini-batch (actor.py), not by 1/number-of-micro-batches.
 """
 from __future__ import annotations
@@ -21,9 +22,10 @@ def row_lengths(data: DataProto) -> torch.Tensor:
     return data.batch["attention_mask"].sum(1)
 
 
-def split_rows(n: int, max_rows: int, multiple: int = 1) -> list[torch.Tensor]:
-    """Row indices of ceil(n / max_rows) micro-batches (rounded up to `multiple`), sizes within one."""
-    count = -(-n // max(max_rows, 1))
+def split_rows(n: int, max_rows: int, multiple: int = 1, min_count: int = 1) -> list[torch.Tensor]:
+    """Row indices of ceil(n / max_rows) micro-batches (at least `min_count`, rounded up to `multiple`), sizes
+    within one."""
+    count = max(-(-n // max(max_rows, 1)), min_count)
     count = -(-count // multiple) * multiple
     _check_fill(n, count, multiple)
     return [part for part in torch.arange(n).tensor_split(count) if len(part)]
@@ -32,8 +34,8 @@ def split_rows(n: int, max_rows: int, multiple: int = 1) -> list[torch.Tensor]:
 def _check_fill(n: int, count: int, multiple: int) -> None:
     if count > n:
         raise ValueError(f"{n} samples cannot fill {count} micro-batches: the virtual pipeline schedule needs a "
-                         f"multiple of pipeline_model_parallel_size={multiple} micro-batches; give each rank more samples "
-                         "or unset virtual_pipeline_model_parallel_size")
+                         f"multiple of pipeline_model_parallel_size={multiple} micro-batches (to train, at least "
+                         f"{2 * multiple}); give each rank more samples or unset virtual_pipeline_model_parallel_size")
 
 
 def split_tokens(lengths: torch.Tensor, max_tokens: int, multiple: int = 1, min_count: int = 1) -> list[torch.Tensor]:
@@ -47,8 +49,8 @@ def split_tokens(lengths: torch.Tensor, max_tokens: int, multiple: int = 1, min_
     total = int(lengths.sum())
     count = max(1, min_count, -(-total // max(max_tokens, 1)))
     most = n - n % multiple  # at most one row per bin, and a multiple of `multiple` bins
-    if multiple > 1:
-        _check_fill(n, multiple, multiple)
+    if multiple > 1 or min_count > 1:
+        _check_fill(n, -(-min_count // multiple) * multiple, multiple)
     order = torch.argsort(lengths, descending=True, stable=True).tolist()
     while True:
         count = min(-(-count // multiple) * multiple, most)
@@ -76,7 +78,7 @@ def micro_batches(data: DataProto, keys: list[str], max_rows: Optional[int], max
     if max_tokens is not None:
         groups = split_tokens(row_lengths(data), max_tokens, multiple, min_count)
     else:
-        groups = split_rows(n, max_rows or n, multiple)
+        groups = split_rows(n, max_rows or n, multiple, min_count)
     batch = data.batch
     missing = [k for k in ("input_ids", "attention_mask", "responses", *keys) if k not in batch]
     if missing:

@@ -182,9 +182,10 @@ class ValueHead(torch.nn.Module):
 
     Why a plain replicated linear and not megatron's ColumnParallelLinear: one output cannot be split
     across tp ranks, and with sequence parallelism off every tp rank sees the same hidden states, so
-    replicas get identical gradients without extra communication. No bias, like HF's
-    *ForSequenceClassification `score`, whose name it takes on export. Initialised from a fixed seed
-    so every rank starts with the same weights when the HF folder has no `score.weight`.
+    replicas get identical gradients without extra communication. It takes HF's `score` name on export:
+    no bias like *ForSequenceClassification's, or with `bias` (zeros until loaded) like *ForTokenClassification's
+    (hf_config.score_head_has_bias). Initialised from a fixed seed so every rank starts with the same weights
+    when the HF folder has no `score.weight`.
     """
 
     def __init__(self, hidden_size: int, dtype: torch.dtype, init_std: float, seed: int,

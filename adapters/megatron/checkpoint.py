@@ -139,6 +139,12 @@ def check_compatible(meta: dict, role: Any, path: str) -> None:
     if meta["value_head"] != role.value_head:
         kind = "critic (value head)" if meta["value_head"] else "language model"
         raise ValueError(f"{path}: is a {kind} checkpoint; it cannot load into the {role.role}")
+    saved_bias, mine_bias = bool(meta.get("head_bias", False)), bool(getattr(role, "head_bias", False))
+    if meta["value_head"] and saved_bias != mine_bias:
+        has = {True: "with", False: "without"}
+        raise ValueError(f"{path}: the value head was saved {has[saved_bias]} a bias (score.bias), this {role.role} "
+                         f"from {role.arch.source} has one {has[mine_bias]} (a *ForTokenClassification folder's head "
+                         "has a bias); resume from the model folder the checkpoint was trained from")
     mine_do = role.megatron.use_distributed_optimizer
     if role.engine.optimizer is not None and meta["has_optimizer"] and meta["distributed_optimizer"] != mine_do:
         raise ValueError(f"{path}: optimizer state was saved with use_distributed_optimizer="
@@ -184,6 +190,7 @@ def _write_meta(path: str, role: Any) -> None:
         "distributed_optimizer": role.megatron.use_distributed_optimizer and engine.optimizer is not None,
         "scheduler": engine.scheduler.state_dict() if engine.scheduler is not None else None,
         "value_head": role.value_head,
+        "head_bias": bool(getattr(role, "head_bias", False)),  # the value head has score.bias (mcore_to_hf builds it)
         "layout": {"world_size": layout.world_size, "tp": layout.tp, "pp": layout.pp, "vpp": layout.vpp,
                    "dp": layout.dp, "dtype": layout.dtype},
         "padded_vocab": role.arch.padded_vocab(layout.tp),

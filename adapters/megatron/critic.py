@@ -1,6 +1,8 @@
 """MegatronCritic: the actor's network with a scalar value head (builder.ValueHead) and PPO's clipped
 value loss. Values are read at the same positions as the actor's log-probs (the output at the token
-before each response token), as verl does; the loss is weighted for exact accumulation (actor.py)."""
+before each response token), as verl does; the loss is weighted for exact accumulation (actor.py).
+A critic from a HF *ForTokenClassification folder (verl's critic class) keeps its head's `score.bias`, so its
+values are that model's logits; from a *ForSequenceClassification or causal LM folder the head has no bias."""
 from __future__ import annotations
 
 from typing import Optional
@@ -15,6 +17,7 @@ from hybridrl.protocol import DataProto
 
 from .actor import global_batch
 from .forward import MicroBatch, gather_response, sum_over_cp
+from .hf_config import load_hf_config, score_head_has_bias
 from .role import MegatronRole
 
 METRICS = ["critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean"]
@@ -36,7 +39,8 @@ class MegatronCritic(MegatronRole, CriticModel):
         super().__init__(critic.model.path, critic.megatron, layout, optim=critic.optim, value_head=True,
                          override_config=critic.model.override_config,
                          recompute=critic.model.enable_gradient_checkpointing, load_weight=critic.load_weight,
-                         total_training_steps=total_training_steps, remove_padding=critic.model.use_remove_padding)
+                         total_training_steps=total_training_steps, remove_padding=critic.model.use_remove_padding,
+                         head_bias=score_head_has_bias(load_hf_config(critic.model.path)))
 
     def compute_values(self, data: DataProto) -> DataProto:
         plan = self.batch

@@ -30,6 +30,29 @@ from .phases import Phases
 LossFn = Callable[[torch.Tensor, MicroBatch], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 
+def check_interleaved_count(count: int, pp: int, chunks: int, group: Optional[int]) -> None:
+    """Refuse a training pass that megatron-core 0.16's interleaved schedule would deadlock in.
+
+    With virtual stages the first pipeline stage runs 2*(pp-1) + (chunks-1)*group forward passes before its first
+    backward (get_pp_rank_microbatches; group = microbatch_group_size_per_vp_stage, pp by default). When that covers
+    all count*chunks of them, it never posts the receive for the first gradient in its warm-up, while the last
+    stage, already in 1F1B, sends that gradient. With variable sequence lengths (builder.py) every send is preceded
+    by a blocking exchange of shapes that waits on its sends too: the last stage waits for the first to take the
+    gradient's shape, the first waits for the last to take its next activation, and neither returns. With count a
+    multiple of pp (batching.py) this is exactly count == pp; 2*pp or more never deadlocks. Seen on gloo
+    (tests/dist/test_megatron_interleaved.py); refused on every device, as the same exchange runs over NCCL.
+    """
+    if chunks <= 1 or pp <= 1:
+        return
+    warmup = 2 * (pp - 1) + (chunks - 1) * (group or pp)
+    if warmup >= count * chunks:
+        raise ValueError(f"{count} micro-batches cannot train with pipeline_model_parallel_size={pp} and "
+                         f"virtual_pipeline_model_parallel_size={chunks}: megatron-core's interleaved schedule would "
+                         f"deadlock (its first stage runs them all in warm-up); give each dp rank at least {2 * pp} "
+                         "micro-batches per mini-batch (a larger ppo_mini_batch_size) or unset "
+                         "virtual_pipeline_model_parallel_size")
+
+
 class Engine:
     """Model chunks of one role on this rank, with (optionally) DDP, optimizer and LR scheduler."""
 
@@ -68,6 +91,9 @@ class Engine:
         """
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
+        if not forward_only:
+            check_interleaved_count(len(micro_batches), self.layout.pp, len(self.chunks),
+                                    self.config.microbatch_group_size_per_vp_stage)
         routed = {"padding_mask": None} if moe.is_moe(self.config) else {}
 
         def step(data_iterator, model):
@@ -133,6 +159,13 @@ class Engine:
         if before_step is not None:  # timed by its owner too (the role's optimizer onload)
             before_step()
         phases.mark("onload_wait")
+        if not has_state(self.optimizer):
+            # The first step creates the optimizer's state (Adam's moments, 8 bytes a parameter, made lazily by
+            # torch's and TE's Adam). With the forward/backward's freed blocks still cached (the logits' segments,
+            # GBs each) the allocator would carve the state out of them and pin those segments for the rest of the
+            # run: no later empty_cache returns them (issue 42's H100 run: reserved - allocated 0.25 GB before the
+            # first update, 9.3 GB in every phase after it). Handing them back first gives the state its own.
+            compat.empty_cache()
         grad_norm, applied = optimizer_step(self.optimizer, self.optim.clip_grad)
         compat.synchronize_stream()
         self.step_seconds = {"forward_backward": forward_backward, "optimizer_step": phases.mark("optimizer_step")}
@@ -281,6 +314,14 @@ def main_param_writer(optimizer: Any) -> Callable[[torch.nn.Parameter, torch.Ten
         return True
 
     return write
+
+
+def has_state(optimizer: Any) -> bool:
+    """Whether the optimizer's state exists yet (torch's optimizers make it at their first step; a checkpoint's
+    load makes it too; an offloaded state still counts). Stub members (no parameters on this rank) have none to make."""
+    inner = [getattr(o, "optimizer", None) for o in getattr(optimizer, "chained_optimizers", [optimizer])]
+    inner = [m for m in inner if m is not None]
+    return not inner or any(len(m.state) for m in inner)
 
 
 @torch.no_grad()

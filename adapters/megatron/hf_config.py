@@ -90,6 +90,14 @@ def load_hf_config(path_or_config: Any) -> Any:
     return AutoConfig.from_pretrained(path, local_files_only=True)
 
 
+def score_head_has_bias(hf_config: Any) -> bool:
+    """Whether the checkpoint's value/score head `score` has a bias: transformers' *ForTokenClassification builds
+    it as nn.Linear(hidden, num_labels) (bias on), *ForSequenceClassification with bias=False; a causal LM has no
+    `score` (a fresh value head without bias)."""
+    archs = list(getattr(hf_config, "architectures", None) or [])
+    return any(a.endswith("ForTokenClassification") for a in archs)
+
+
 def arch_from_hf(path_or_config: Any) -> ModelArch:
     """Translate (and check) a HF config; raises UnsupportedModelError naming the field."""
     cfg = load_hf_config(path_or_config)

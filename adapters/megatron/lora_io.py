@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
 import torch
@@ -22,7 +23,7 @@ from .builder import unwrap
 from .hf_config import ModelArch
 from .hf_io import SafetensorsReader
 from .lora import MODEL_KEY, LoraSpec, adapters
-from .mapping import Entry, Topology, lora_plan
+from .mapping import Entry, Topology, lora_plan, shards_to_hf
 
 CONFIG = "adapter_config.json"
 WEIGHTS = "adapter_model.safetensors"
@@ -74,6 +75,72 @@ def export_adapter(chunks: list[torch.nn.Module], arch: ModelArch, layout: Paral
 
     topo = Topology(tp=layout.tp, pp=layout.pp, vpp=layout.vpp)
     return export_hf_weights(chunks, arch, layout, bucket_bytes, entries=lora_plan(arch, topo, spec.rank, spec.targets))
+
+
+class AdapterExport:
+    """export_adapter() for an actor that exports its adapters every step (the adapter-only weight sync), planned once.
+
+    Every export walked the whole model's parameters three times (names, dtype, topology) and cut each adapter's
+    views again. Where the export is local (one tp rank and one pipeline stage: the full tensors are the parameters
+    themselves, reshaped), its buckets are the same views every step: they are cut once per bucket size, and each
+    export first checks that every view still starts where its parameter's data does (offload/onload resize the
+    parameters' storages in place, which the views follow; a parameter given new storage fails the check and the
+    plan is cut again), so a stale view is never sent (the sync's checksums are taken from what is sent, and could
+    not tell). Elsewhere (tp or pp > 1: gathers, collective) export_hf_weights runs each time with the walks' results
+    kept."""
+
+    def __init__(self, chunks: list[torch.nn.Module], arch: ModelArch, layout: ParallelLayout, spec: LoraSpec) -> None:
+        from .weights import _params, topology
+
+        self.chunks, self.arch, self.layout = chunks, arch, layout
+        self.topo = topology(chunks, layout, value_head=False)
+        self.entries = [e for e in lora_plan(arch, Topology(tp=layout.tp, pp=layout.pp, vpp=layout.vpp), spec.rank,
+                                             spec.targets) if e.export]
+        self.params = _params(chunks)
+        self.dtype = next(iter(self.params[0].values())).dtype
+        self.local = layout.tp == 1 and layout.pp == 1
+        self._plans: dict[int, _LocalPlan] = {}
+
+    def buckets(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        from .weights import export_hf_weights
+
+        if not self.local:
+            return export_hf_weights(self.chunks, self.arch, self.layout, bucket_bytes, entries=self.entries,
+                                     params=self.params, topo=self.topo, dtype=self.dtype)
+        plan = self._plans.get(bucket_bytes)
+        if plan is None or not plan.current():
+            plan = self._plans[bucket_bytes] = self._plan(bucket_bytes)
+        return (list(bucket) for bucket in plan.buckets)
+
+    def _plan(self, bucket_bytes: int) -> "_LocalPlan":
+        from .weights import _buckets, _param
+
+        buckets, params, views = [], [], []
+        for group in _buckets(self.entries, None, self.dtype.itemsize, bucket_bytes):
+            bucket = []
+            for entry in group:
+                param = _param(self.params, entry)
+                tensors = shards_to_hf(entry, [param.detach()], self.arch)
+                for _, view in tensors:
+                    if view.data_ptr() != param.data_ptr() or view.numel() != param.numel():
+                        raise AssertionError(f"AdapterExport: {entry.hf} is not a view of its parameter {entry.mcore} "
+                                             "at tp 1, pp 1")
+                    params.append(param)
+                    views.append(view)
+                bucket += tensors
+            buckets.append(bucket)
+        return _LocalPlan(buckets, params, views)
+
+
+@dataclass
+class _LocalPlan:
+    buckets: list[list[tuple[str, torch.Tensor]]]
+    params: list[torch.Tensor]
+    views: list[torch.Tensor]
+
+    def current(self) -> bool:
+        """Every view still starts at its parameter's data (two lists of addresses: no aten op per tensor)."""
+        return [p.data_ptr() for p in self.params] == [v.data_ptr() for v in self.views]
 
 
 def write_peft_adapter(chunks: list[torch.nn.Module], arch: ModelArch, layout: ParallelLayout, spec: LoraSpec,

@@ -23,7 +23,7 @@ from hybridrl.config.schema.critic import RewardModelConfig
 from hybridrl.protocol import DataProto
 
 from .forward import MicroBatch, gather_response, sum_over_cp
-from .hf_config import UnsupportedModelError, load_hf_config
+from .hf_config import UnsupportedModelError, load_hf_config, score_head_has_bias
 from .hf_io import SafetensorsReader
 from .role import MegatronRole
 
@@ -41,7 +41,7 @@ def score_head_bias(hf_config: Any, path: str, key: str = "reward_model.model.pa
     if labels != 1:
         raise UnsupportedModelError(f"{key}={path}: num_labels={labels} in config.json; a reward model scores with one "
                                     "label (num_labels=1)")
-    return kinds[0].endswith("ForTokenClassification")
+    return score_head_has_bias(hf_config)
 
 
 def score_layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, pad_id: int = 0) -> DataProto:

@@ -7,6 +7,7 @@ import dataclasses
 import functools
 import logging
 import math
+import time
 from typing import Any, Collection, Iterator, Optional
 
 import torch
@@ -38,6 +39,7 @@ class MegatronRole:
                  recompute: bool = False, load_weight: bool = True, total_training_steps: Optional[int] = None,
                  transformer_overrides: Optional[dict] = None, remove_padding: bool = False,
                  lora: Optional[LoraSpec] = None, head_bias: bool = False) -> None:
+        began = time.perf_counter()
         parallel.init_megatron(layout, seed=megatron.seed)
         self.hf_path = hf_path
         self.hf_config = _with_overrides(load_hf_config(hf_path), override_config or {})
@@ -45,7 +47,7 @@ class MegatronRole:
         self.layout = layout
         self.megatron = megatron
         self.value_head = value_head
-        self.head_bias = head_bias  # the value/score head has a bias (a *ForTokenClassification reward model)
+        self.head_bias = head_bias  # the value/score head has a bias (HF *ForTokenClassification's score.bias)
         self.remove_padding = remove_padding  # micro-batches packed into one THD sequence (forward.pack_thd)
         overrides = {"calculate_per_token_loss": True, **(transformer_overrides or {}),
                      **megatron.override_transformer_config}
@@ -53,9 +55,11 @@ class MegatronRole:
                              init_std=getattr(self.hf_config, "initializer_range", 0.02), recompute=recompute,
                              overrides=overrides, transformer_impl=megatron.transformer_impl, head_bias=head_bias)
         rounded: list[torch.nn.Parameter] = []  # params whose checkpoint values their dtype cannot hold
+        loading = time.perf_counter()
         if load_weight:
             load_hf_weights(chunks, hf_path, self.arch, layout, value_head=value_head,
                             into=functools.partial(_load_noting_rounding, rounded), head_bias=head_bias)
+        load_s = time.perf_counter() - loading
         self.lora = lora  # LoRA: the base is frozen and the optimizer holds the adapters only (lora.py)
         self._lora_entries = []  # this rank's adapter parameters (mapping.lora_plan rows)
         if lora is not None:
@@ -64,12 +68,18 @@ class MegatronRole:
         self.engine = Engine(chunks, layout, optim, megatron.use_distributed_optimizer and optim is not None,
                              total_training_steps, megatron.override_ddp_config)
         if rounded and self.engine.optimizer is not None:
+            loading = time.perf_counter()
             self._master_weights_from_checkpoint(len(rounded))
+            load_s += time.perf_counter() - loading
+        # the build's two parts (hybridrl.trainer.startup): megatron-core's import and groups, the model and its
+        # optimizer; the checkpoint read into it
+        self.build_seconds = {"model_build": time.perf_counter() - began - load_s, "weight_load": load_s}
         self.updates = 0  # update calls so far (the LR scheduler counts the same steps)
         self._offloaded = offload.State()
         self._onload = overlap.Moved()  # the current update's optimizer-state onload (_optimizer_on_device)
         self._onload_budget: Optional[overlap.OverlapBudget] = None  # overlap_onload(); None: after the backward
         self._regions: Optional[list[WeightRegion]] = None  # weight_regions(), built on first use
+        self._adapter_export: Optional[lora_io.AdapterExport] = None  # export_adapter_weights(), built on first use
 
     def _master_weights_from_checkpoint(self, rounded: int) -> None:
         """The fp32 master weights take the checkpoint's own (float32) values, not their bf16 rounding: a second
@@ -103,20 +113,23 @@ class MegatronRole:
         export_adapter_weights() each step (hybridrl/hybrid/adapter_sync.py)."""
         merged = lora_mod.merged_params(self.engine.chunks) if self.lora is not None and self.lora.merge else None
         return export_hf_weights(self.engine.chunks, self.arch, self.layout, bucket_bytes, value_head=self.value_head,
-                                 names=names, params=merged)
+                                 names=names, params=merged, head_bias=self.head_bias)
 
     def export_adapter_weights(self, bucket_bytes: int) -> Iterator[WeightBucket]:
         """LoRA: the adapters only, as (PEFT name, full tensor) buckets on every rank (collective)."""
         if self.lora is None:
             raise RuntimeError(f"{self.role}: export_adapter_weights needs LoRA (actor_rollout_ref.model.lora_rank > 0)")
-        return lora_io.export_adapter(self.engine.chunks, self.arch, self.layout, self.lora, bucket_bytes)
+        if self._adapter_export is None:  # planned once: the adapters are parameters whose storage stays put
+            self._adapter_export = lora_io.AdapterExport(self.engine.chunks, self.arch, self.layout, self.lora)
+        return self._adapter_export.buckets(bucket_bytes)
 
     def weight_regions(self) -> Optional[list[WeightRegion]]:
         # Views stay valid across offload/onload: that resizes the storages the views share.
         if self.lora is not None:  # merged: the live params are not what the engine needs; adapters: the base syncs once
             return None
         if self._regions is None:
-            self._regions = local_regions(self.engine.chunks, self.arch, self.layout, value_head=self.value_head) or []
+            self._regions = local_regions(self.engine.chunks, self.arch, self.layout, value_head=self.value_head,
+                                          head_bias=self.head_bias) or []
         return self._regions or None
 
     def offload(self, params: bool, grads: bool, optimizer: bool) -> OffloadReport:
@@ -145,11 +158,13 @@ class MegatronRole:
 
     def startup_times(self) -> dict[str, float]:
         """host_pin_wait: start-up waited for the host arenas pinned in the background (prepare_offload);
-        host_pin_background: the pinning's own time, beside other start-up work."""
+        host_pin_background: the pinning's own time, beside other start-up work; ROLE_model_build and
+        ROLE_weight_load: the parts of this role's build."""
+        out = {f"{self.role}_{k}": v for k, v in getattr(self, "build_seconds", {}).items()}
         reserve = self._offloaded.reserve
         if reserve is None:
-            return {}
-        out = {"host_pin_wait": reserve.waited}
+            return out
+        out["host_pin_wait"] = reserve.waited
         if reserve.done:
             out["host_pin_background"] = reserve.seconds
         return out
@@ -224,7 +239,7 @@ class MegatronRole:
             for rows in mini_batch_rows(len(data), plan.mini_batch_per_dp, self._shuffle_seed(epoch)):
                 mini = data[rows]
                 mbs = self._micro_batches(mini, keys, plan.micro_batch_per_gpu,
-                                          plan.max_token_len_per_gpu if plan.use_dynamic_bsz else None)
+                                          plan.max_token_len_per_gpu if plan.use_dynamic_bsz else None, training=True)
                 loss_fn = make_loss_fn(mini)
                 phases.mark("micro_batches")
                 if not begun:  # after the inputs' copies and allocations: none of them queues behind the state's
@@ -292,16 +307,18 @@ class MegatronRole:
         """The interleaved pipeline schedule needs a multiple of pp micro-batches."""
         return self.layout.pp if self.layout.vpp else 1
 
-    def _micro_batches(self, data, keys: list[str], max_rows: Optional[int], max_tokens: Optional[int]):
+    def _micro_batches(self, data, keys: list[str], max_rows: Optional[int], max_tokens: Optional[int],
+                       training: bool = False):
         """Micro-batches for this layout; under sequence parallelism (transformer-engine only) megatron
         splits the sequence over tp, so lengths are rounded to a multiple of tp, and FP8 GEMMs want token
         counts in multiples of 16. Token-budget micro-batches: every dp rank runs as many as the rank that
-        needs the most, so the ranks' schedules stay in step."""
+        needs the most, so the ranks' schedules stay in step. To train with virtual stages, at least 2*pp
+        (engine.check_interleaved_count)."""
         config = self.engine.config
         seq_multiple = math.lcm(self.layout.tp if config.sequence_parallel else 1, 16 if config.fp8 else 1)
-        min_count = 1
+        min_count = 2 * self.layout.pp if training and self.layout.vpp else 1
         if max_tokens is not None:
-            mine = len(split_tokens(row_lengths(data), max_tokens, self._mb_multiple()))
+            mine = len(split_tokens(row_lengths(data), max_tokens, self._mb_multiple(), min_count))
             min_count = max_over_dp(mine)
         return micro_batches(data, keys, max_rows, max_tokens, self._mb_multiple(), seq_multiple,
                              thd=self.remove_padding, min_count=min_count, cp=parallel.cp_rank_and_size())

@@ -137,7 +137,9 @@ def _check_shapes(entry: Entry, reader: SafetensorsReader) -> None:
 def export_hf_weights(chunks: list[torch.nn.Module], arch: ModelArch, layout: ParallelLayout,
                       bucket_bytes: int = 512 << 20, value_head: bool = False,
                       names: Optional[Collection[str]] = None, entries: Optional[list[Entry]] = None,
-                      params: Optional[list[Mapping[str, torch.Tensor]]] = None) -> Iterator[WeightBucket]:
+                      params: Optional[list[Mapping[str, torch.Tensor]]] = None,
+                      head_bias: bool = False, topo: Optional[Topology] = None,
+                      dtype: Optional[torch.dtype] = None) -> Iterator[WeightBucket]:
     """Yield lists of (hf_name, full tensor) of about `bucket_bytes` on every rank (collective).
 
     Every rank must iterate to the end (the collectives run inside the generator) and pass the same
@@ -146,14 +148,17 @@ def export_hf_weights(chunks: list[torch.nn.Module], arch: ModelArch, layout: Pa
     Bucket boundaries follow the plan order and the HF sizes alone, so every rank cuts the same buckets.
     `entries` (default: the model's plan) and `params` (default: the chunks' parameters by name) let LoRA
     export its adapters under PEFT's names, or the base weights with the adapters merged in (lora.py).
+    `head_bias`: the value head has `score.bias` (as the model was built; topology() says why it is given).
+    `topo` (topology() of these chunks) and `dtype` (the chunks' parameter dtype): a caller that exports every step
+    gives them once found (each is a walk over every parameter of the model otherwise).
     """
     from megatron.core import parallel_state as ps
 
     _, pp_rank = _ranks()
     params = params if params is not None else _params(chunks)
-    dtype = next(iter(_params(chunks)[0].values())).dtype
+    dtype = dtype if dtype is not None else next(iter(_params(chunks)[0].values())).dtype
     wanted = None if names is None else set(names)
-    topo = topology(chunks, layout, value_head)
+    topo = topo if topo is not None else topology(chunks, layout, value_head, head_bias)
     entries = [e for e in (plan(arch, topo) if entries is None else entries)
                if e.export and (wanted is None or not wanted.isdisjoint(e.hf))]
     for group in _buckets(entries, wanted, dtype.itemsize, bucket_bytes):
@@ -188,14 +193,14 @@ def _buckets(entries: list[Entry], wanted: Optional[set[str]], itemsize: int, bu
 
 
 def local_regions(chunks: list[torch.nn.Module], arch: ModelArch, layout: ParallelLayout,
-                  value_head: bool = False) -> Optional[list[WeightRegion]]:
+                  value_head: bool = False, head_bias: bool = False) -> Optional[list[WeightRegion]]:
     """Every exported HF weight's pieces in this rank's shards (views of the live parameters), in plan order.
     Under pipeline parallelism only this stage's layers: the direct copy then plans the rest from the other
     stages' pieces (hybridrl.hybrid.remote)."""
     tp_rank, pp_rank = _ranks()
     params = _params(chunks)
     out = []
-    topo = topology(chunks, layout, value_head)
+    topo = topology(chunks, layout, value_head, head_bias)
     for entry in plan(arch, topo):
         if not entry.export or not _owns(entry, pp_rank):
             continue

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from hybridrl.rollout.lora import RolloutLora
 
 MODEL = "actor_rollout_ref.model"
+RESIDENT = "actor_rollout_ref.rollout.lora_base_resident"
 LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # vLLM 0.26's LoRA ranks (vllm.config.lora.MaxLoRARanks): its max_lora_rank is the smallest one >= lora_rank
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -59,9 +60,26 @@ def rollout_lora(model: Any) -> Optional["RolloutLora"]:
                        lora_targets(model.target_modules, model.exclude_modules))
 
 
+def base_resident_mode(value: Any) -> Optional[bool]:
+    """actor_rollout_ref.rollout.lora_base_resident: None for auto (the memory plan decides), else true / false."""
+    text = str(value).strip().lower()
+    if text not in ("auto", "true", "false"):
+        raise ValueError(f"{RESIDENT}={value!r}: use auto, true or false")
+    return None if text == "auto" else text == "true"
+
+
 def check_lora(cfg: Any, device: str, te_available: Callable[[], bool], p: Problems) -> None:
     """LoRA keys and the combinations that cannot run with adapters yet (each names the key to change)."""
     model = cfg.actor_rollout_ref.model
+    try:
+        resident = base_resident_mode(cfg.actor_rollout_ref.rollout.lora_base_resident)
+    except ValueError as e:
+        p.errors.append(str(e))
+        resident = None
+    if resident and (model.lora_rank <= 0 or model.lora.merge or not cfg.actor_rollout_ref.hybrid_engine):
+        p.errors.append(f"{RESIDENT}=true keeps a LoRA base on the GPU beside the adapter-only sync "
+                        f"({MODEL}.lora_rank > 0, {MODEL}.lora.merge=false, the colocated engine); this job syncs full "
+                        "weights: drop it (auto)")
     if not p.check(model.lora_rank >= 0, f"{MODEL}.lora_rank={model.lora_rank} must be >= 0 (0: no LoRA)"):
         return
     if model.lora_rank == 0:

@@ -2,6 +2,7 @@
 one-step-off-policy pipeline that a split placement makes possible (trainer.one_step_off_policy)."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -85,3 +86,9 @@ def _cuda_device_count() -> int:
     import torch
 
     return torch.cuda.device_count()
+
+
+def joins_cluster(address: Optional[str]) -> bool:
+    """Whether Ray is joined at a running cluster (an address, or RAY_ADDRESS) instead of started here; the trainer's
+    memory check and controller.runtime_env.init_ray both ask."""
+    return address not in (None, "local") or (address is None and bool(os.environ.get("RAY_ADDRESS")))

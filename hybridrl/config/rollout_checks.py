@@ -57,6 +57,7 @@ def check_rollout(cfg: PPOConfig, device: str, world: int, p: Problems, placemen
     p.check(r.temperature >= 0, f"{key}.temperature={r.temperature} must be >= 0")
     p.check(0 < r.top_p <= 1, f"{key}.top_p={r.top_p} must be in (0, 1]")
     p.check(r.top_k == -1 or r.top_k > 0, f"{key}.top_k={r.top_k} must be -1 (off) or > 0")
+    choices(f"{key}.kv_cache_sizing", r.kv_cache_sizing, ["remember", "profile", "plan"], p)
     p.check(0 < r.gpu_memory_utilization <= 1, f"{key}.gpu_memory_utilization={r.gpu_memory_utilization} must be in (0, 1]")
     p.check(r.update_weights_bucket_megabytes >= 1, f"{key}.update_weights_bucket_megabytes must be >= 1")
     p.check(0 < r.sync_check.sample_fraction <= 1, f"{key}.sync_check.sample_fraction must be in (0, 1]")

@@ -155,9 +155,11 @@ def _batch_plan(cfg: SFTConfig, layout: ParallelLayout, p: Problems) -> BatchPla
                    f"per step (data.train_batch_size / dp = {d.train_batch_size}/{dp}); e.g. set it to "
                    f"{_divisor_near(per_dp, micro)}"):
             accum = per_dp // micro
-    p.check(not layout.vpp or per_dp >= layout.pp,
-            f"engine.virtual_pipeline_model_parallel_size={layout.vpp} runs a multiple of pp={layout.pp} "
-            f"micro-batches, but each rank gets {per_dp} sequence(s) per step; raise data.train_batch_size")
+    p.check(not layout.vpp or per_dp >= 2 * layout.pp,
+            f"engine.virtual_pipeline_model_parallel_size={layout.vpp}: megatron-core's interleaved schedule trains on "
+            f"a multiple of pp={layout.pp} micro-batches and hangs on exactly {layout.pp}, so each rank needs at least "
+            f"{2 * layout.pp} sequences per step but gets {per_dp}; raise data.train_batch_size to >= "
+            f"{2 * layout.pp * dp} or unset engine.virtual_pipeline_model_parallel_size")
     return BatchPlan(samples_per_step=d.train_batch_size, mini_batch_samples=d.train_batch_size,
                      mini_batches_per_epoch=1, ppo_epochs=1, mini_batch_per_dp=per_dp,
                      micro_batch_per_gpu=None if d.use_dynamic_bsz else micro, grad_accum=accum,

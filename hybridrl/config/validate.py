@@ -277,6 +277,23 @@ def _check_actor(cfg: PPOConfig, p: _Problems) -> None:
         p.check(len(optim.betas) == 2, f"{role}.betas must have two values")
 
 
+def _check_interleaved_training(key: str, mini: int, batch: BatchPlan, layout: ParallelLayout, n: int,
+                                p: _Problems) -> None:
+    """Virtual pipeline stages: megatron-core's interleaved schedule trains on a multiple of pp micro-batches and,
+    with variable sequence lengths (always here), deadlocks on exactly pp (adapters/megatron/engine.py,
+    check_interleaved_count): each dp rank needs at least 2*pp samples per mini-batch."""
+    if not layout.vpp:
+        return
+    least = 2 * layout.pp
+    need = -(-least * layout.dp // n)  # ppo_mini_batch_size (prompts) giving `least` samples per dp rank
+    p.check(batch.mini_batch_per_dp >= least,
+            f"{key}.ppo_mini_batch_size={mini}: each dp rank gets {batch.mini_batch_per_dp} sample(s) per mini-batch "
+            f"(ppo_mini_batch_size*rollout.n/dp), but with virtual_pipeline_model_parallel_size={layout.vpp} "
+            f"megatron-core's interleaved schedule trains on a multiple of pipeline_model_parallel_size={layout.pp} "
+            f"micro-batches and hangs on exactly {layout.pp}: at least {least} are needed; raise it to >= {need} or "
+            f"unset {ARA}.actor.megatron.virtual_pipeline_model_parallel_size")
+
+
 def _check_trainer(cfg: PPOConfig, p: _Problems) -> None:
     t = cfg.trainer
     p.check(t.nnodes >= 1 and t.n_gpus_per_node >= 1, "trainer.nnodes and trainer.n_gpus_per_node must be >= 1")
@@ -289,12 +306,15 @@ def _check_trainer(cfg: PPOConfig, p: _Problems) -> None:
         _choices("trainer.logger", lg, list(LOGGERS), p)
     _choices("trainer.backend", t.backend, ["ray", "local"], p)
     _choices("trainer.on_nonfinite", t.on_nonfinite, ["error", "skip"], p)
+    _choices("trainer.memory_check", t.memory_check, ["error", "warn", "skip"], p)
     p.check(t.critic_warmup >= 0, "trainer.critic_warmup must be >= 0")
     p.check(t.max_time_s is None or t.max_time_s > 0, "trainer.max_time_s must be null or > 0")
     for k in ("max_actor_ckpt_to_keep", "max_critic_ckpt_to_keep"):
         v = getattr(t, k)
         p.check(v is None or v >= 1, f"trainer.{k}={v} must be null or >= 1")
     p.check(t.worker_timeout_s > 0 and t.dist_timeout_s > 0, "trainer.worker_timeout_s and trainer.dist_timeout_s must be > 0")
+    p.check(cfg.ray_kwargs.connect_timeout_s > 0,
+            f"ray_kwargs.connect_timeout_s={cfg.ray_kwargs.connect_timeout_s} must be > 0")
 
 
 def _check_profiler(cfg: PPOConfig, p: _Problems) -> None:
@@ -368,11 +388,7 @@ def validate(cfg: PPOConfig, cuda_available: Optional[Callable[[], bool]] = None
         ("log_prob_micro_batch_size", "log_prob_micro_batch_size_per_gpu"), f"{ARA}.rollout",
         r.log_prob_max_token_len_per_gpu,
     )
-    p.check(not actor.vpp or actor_batch.mini_batch_per_dp >= actor.pp,
-            f"{ARA}.actor.megatron.virtual_pipeline_model_parallel_size={actor.vpp}: the interleaved schedule runs a "
-            f"multiple of pipeline_model_parallel_size={actor.pp} micro-batches, but each dp rank gets "
-            f"{actor_batch.mini_batch_per_dp} sample(s) per mini-batch (ppo_mini_batch_size*rollout.n/dp); raise "
-            f"{ARA}.actor.ppo_mini_batch_size or unset virtual_pipeline_model_parallel_size")
+    _check_interleaved_training(f"{ARA}.actor", ara.actor.ppo_mini_batch_size, actor_batch, actor, rollout.n, p)
     use_reference = ara.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
     _same_layout(f"{ARA}.ref.megatron", ara.ref.megatron, ara.actor.megatron, p)
     for key, m in ((f"{ARA}.actor.megatron", ara.actor.megatron), (f"{ARA}.ref.megatron", ara.ref.megatron),
@@ -401,6 +417,8 @@ def validate(cfg: PPOConfig, cuda_available: Optional[Callable[[], bool]] = None
             ("forward_micro_batch_size", "forward_micro_batch_size_per_gpu"), "critic",
             cfg.critic.forward_max_token_len_per_gpu,
         )
+        _check_interleaved_training("critic", cfg.critic.ppo_mini_batch_size, critic_batch, critic_layout, rollout.n,
+                                    critic_problems)
         # critic.ppo_mini_batch_size follows the actor's unless set: do not repeat the actor's error.
         p.errors += [e for e in critic_problems.errors if e.replace("critic.", f"{ARA}.actor.", 1) not in p.errors]
         p.notes += critic_problems.notes

@@ -21,6 +21,11 @@ import threading
 import time
 from typing import Any, Iterable, Iterator, Mapping
 
+from hybridrl.config.placement import joins_cluster  # noqa: F401  (the trainer and the plan ask it too)
+from hybridrl.utils import logs
+
+from .ray_address import check_ray_address
+
 __all__ = ["DEFAULT_EXCLUDES", "build_runtime_env", "forwarded_env", "init_ray", "describe_runtime_env"]
 
 logger = logging.getLogger(__name__)
@@ -116,9 +121,6 @@ def describe_runtime_env(env: Mapping[str, Any]) -> str:
     return f"runtime_env(working_dir={wd!r}, excludes={len(env.get('excludes', []))} patterns, env_vars={names})"
 
 
-def joins_cluster(address: str | None) -> bool:
-    """Whether init_ray(address=...) joins a running cluster (an address, or RAY_ADDRESS) instead of starting one."""
-    return address not in (None, "local") or (address is None and bool(os.environ.get("RAY_ADDRESS")))
 
 
 def cpus_per_process(local_cpus: int, processes: int, per_node: int, joined: bool) -> float:
@@ -142,10 +144,11 @@ def cpus_per_process(local_cpus: int, processes: int, per_node: int, joined: boo
 
 def init_ray(num_cpus: int | None = None, num_gpus: int | None = None, *, address: str | None = None,
              working_dir: str | None = None, extra_env: Mapping[str, str] | None = None,
-             include_dashboard: bool | None = None, **ray_kwargs: Any) -> Any:
-    """Start (or join, with `address`) Ray with our runtime env; the dashboard, if any, on localhost only.
+             include_dashboard: bool | None = None, connect_timeout_s: float = 30.0, **ray_kwargs: Any) -> Any:
+    """Start (or join, with `address` or RAY_ADDRESS) Ray with our runtime env; the dashboard, if any, on localhost.
 
-    The dashboard is off unless asked for (`include_dashboard=True`). `ray.shutdown` runs at exit.
+    The dashboard is off unless asked for (`include_dashboard=True`). `ray.shutdown` runs at exit. A cluster to
+    join must answer within `connect_timeout_s` (ray_address.py), else RayAddressUnreachable names the address.
     Returns Ray's context; a no-op returning None when Ray is already initialized in this process.
     """
     import ray
@@ -154,6 +157,7 @@ def init_ray(num_cpus: int | None = None, num_gpus: int | None = None, *, addres
         return None
     joining = joins_cluster(address)
     if joining:
+        check_ray_address(address, connect_timeout_s)  # ray.init alone would retry for ~14 minutes
         # an existing cluster's resources are fixed, and Ray refuses num_cpus/num_gpus when joining one
         num_cpus = num_gpus = None
     if not joining and "_temp_dir" not in ray_kwargs:
@@ -168,11 +172,19 @@ def init_ray(num_cpus: int | None = None, num_gpus: int | None = None, *, addres
     # Ray's core worker installs absl's failure signal handler, which takes SIGTERM from the driver's own handler
     # (stack dump, then the process dies): the driver's SIGTERM/SIGINT handling stays the trainer's
     os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
+    ray_log = logs.ray_log_path()
+    if ray_log:  # a trainer run: Ray's own lines go to its logs/ folder, the console keeps hybridrl's and errors
+        logs.route_ray_lines(ray_log)
+        logger.info("Ray's own log lines go to %s (its errors to the console too)", ray_log)
     with _signal_handlers_kept():
-        return ray.init(
+        context = ray.init(
             address=address, num_cpus=num_cpus, num_gpus=num_gpus, runtime_env=runtime_env or None,
             include_dashboard=bool(include_dashboard), dashboard_host="127.0.0.1", **ray_kwargs,
         )
+    if ray_log and getattr(context, "dashboard_url", None):  # asked for: said on the console, not only in ray.log
+        url = context.dashboard_url
+        logger.info("Ray dashboard at %s", url if "://" in url else f"http://{url}")
+    return context
 
 
 @contextlib.contextmanager
@@ -198,6 +210,7 @@ def shutdown_ray() -> None:
     if ray.is_initialized():
         ray.shutdown()
     remove_run_temp_dirs()
+    logs.unroute_ray_lines()
 
 
 _RUN_TEMP_DIRS: list[str] = []

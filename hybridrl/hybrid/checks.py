@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 
-from hybridrl.utils.checksum import tensor_abs_sum, tensor_checksum  # noqa: F401  (tensor_checksum: re-exported)
+from hybridrl.utils.checksum import checksums, tensor_abs_sum, tensor_checksum  # noqa: F401  (tensor_checksum: re-exported)
 
 
 class WeightSyncError(RuntimeError):
@@ -57,6 +57,7 @@ class SentChecksums:
     def __post_init__(self) -> None:
         self._sums: dict[str, torch.Tensor] = {}
         self._abs: dict[str, torch.Tensor] = {}
+        self._batches: list[tuple[list[str], torch.Tensor, torch.Tensor]] = []  # record_many's: names, sums, abs sums
 
     def record(self, name: str, t: torch.Tensor) -> None:
         group = self.terms(name)[0][0] if self.terms is not None else name
@@ -71,17 +72,32 @@ class SentChecksums:
         for name, tensor in bucket:
             self.record(name, tensor)
 
+    def record_many(self, items: Sequence[tuple[str, torch.Tensor]]) -> None:
+        """record() of many tensors in a few kernels (checksum.checksums: the same sums up to the order of their
+        float64 additions), for an engine that compares within a tolerance (checksum_rtol > 0)."""
+        terms, step, fraction = self.terms, self.step, self.fraction
+        picked = items if fraction >= 1.0 else [
+            (name, t) for name, t in items if is_sampled(terms(name)[0][0] if terms is not None else name, step, fraction)]
+        if not picked:
+            return
+        dtype = self.weight_dtype
+        sums, abss = checksums([t for _, t in picked] if dtype is None else
+                               [t if t.dtype == dtype else t.to(dtype) for _, t in picked])
+        self._batches.append(([name for name, _ in picked], sums, abss))
+
     def names(self) -> list[str]:
-        return list(self._sums)
+        return list(self._sums) + [name for names, _, _ in self._batches for name in names]
 
     def values(self) -> tuple[dict[str, float], dict[str, float]]:
         """(sums, abs sums) as Python floats: one host sync for all of them."""
         names = list(self._sums)
+        sums = [torch.stack([self._sums[k] for k in names])] if names else []
+        abss = [torch.stack([self._abs[k] for k in names])] if names else []
+        for batch, s, a in self._batches:
+            names, sums, abss = names + batch, sums + [s], abss + [a]
         if not names:
             return {}, {}
-        sums = torch.stack([self._sums[k] for k in names]).cpu().tolist()
-        abss = torch.stack([self._abs[k] for k in names]).cpu().tolist()
-        return dict(zip(names, sums)), dict(zip(names, abss))
+        return dict(zip(names, torch.cat(sums).cpu().tolist())), dict(zip(names, torch.cat(abss).cpu().tolist()))
 
 
 def compare_checksums(
@@ -98,10 +114,10 @@ def compare_checksums(
     sums, abss = sent.values()
     worst = 0.0
     for name in sums:
-        if name not in engine_sums:
+        got = engine_sums.get(name)
+        if got is None:
             raise WeightSyncError(f"weight check: the engine returned no checksum for {name!r}")
-        expected, scale = _expected(name, sums, abss, sent.terms)
-        got = engine_sums[name]
+        expected, scale = _expected(name, sums, abss, sent.terms) if sent.terms is not None else (sums[name], abss[name])
         diff = abs(got - expected)
         if not diff <= rtol * scale:  # `not <=` so a NaN fails too
             raise WeightSyncError(

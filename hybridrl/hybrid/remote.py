@@ -18,13 +18,18 @@ Plan (once per run, after the first sync went the bucketed way; collective over 
   4. proof: one exchange whose received pieces must equal what the engine got from load_weights, bitwise, as
      the local pairs must; an engine group (e.g. vLLM's fused qkv) failing anywhere streams through the export
      everywhere (the export is collective: every rank must ask it for the same names).
-Each sync, per round: the owner packs its outgoing pieces into one staging buffer (one _foreach_copy_), the
-messages go out with batch_isend_irecv (NCCL p2p on GPU, gloo on CPU), and the received bytes land in the
-engine's views (one _foreach_copy_). Rounds alternate between two staging buffers, so one round's copies overlap
+Each sync, zero-copy transfers first: a piece whose source view and engine view are both contiguous and of one
+dtype goes straight from the actor's storage into the engine's (batch_isend_irecv of the views themselves, no
+staging: on 4 x H100 NCCL moved a pair's 384 MiB at 326 GB/s as one message, while the staged copy of lease 3 ran
+at about 115 GB/s through 60 rounds of packing and unpacking). Both ends must agree that a transfer qualifies, so
+the plan gathers every rank's verdict. The rest go in staged rounds: the owner packs its outgoing pieces into one
+staging buffer (one _foreach_copy_), the messages go out with batch_isend_irecv (NCCL p2p on GPU, gloo on CPU),
+and the received bytes land in the engine's views (one _foreach_copy_). Rounds alternate between two staging
+buffers, so one round's copies overlap
 the other's messages; a round stages at most half of `bucket_bytes` (unless one piece alone is larger), so both
 buffers together stay within it, and none is alive after the sync.
 Check (sampled as checks.py picks): the senders' float64 sums of what they sent against the receivers' sums of
-what landed, exchanged the same way.
+what landed, exchanged the same way, in the plan's transfer order on both ends.
 """
 from __future__ import annotations
 
@@ -47,6 +52,7 @@ ALIGN = 16  # bytes: every staged piece starts aligned, so its dtype view is leg
 # |sender sum - receiver sum| allowed, times the sum of magnitudes: both sum the same values, but a GPU reduction's
 # order may follow the pointer's alignment; a stale or misplaced piece moves the sum by far more
 CHECK_RTOL = 1e-12
+ZERO_COPY_OPS = 64  # zero-copy transfers (of the plan's list) per batch_isend_irecv: every rank cuts it alike
 
 
 @dataclass(frozen=True)
@@ -78,7 +84,6 @@ class _Round:
     messages: list = field(default_factory=list)  # (is_send, peer, offset, nbytes)
     pack: list = field(default_factory=list)  # (offset, source view): what this rank sends
     unpack: list = field(default_factory=list)  # (offset, engine view, transfer index): what it receives
-    sent: list = field(default_factory=list)  # (peer, transfer index) in message order
 
 
 # ------------------------------------------------------------------------------------------ the copy
@@ -87,16 +92,22 @@ class RemoteCopy:
 
     def __init__(self, pieces: list[WeightPiece], transfers: list[Transfer], sources: dict[int, WeightRegion],
                  views: dict[int, torch.Tensor], group_of: Callable[[str], str], bucket_bytes: int,
-                 device: torch.device) -> None:
+                 device: torch.device, zero_copy: frozenset[int] = frozenset()) -> None:
         self.rank = dist.get_rank()
         self.pieces, self.transfers, self.device = pieces, transfers, device
         self._sources = sources  # piece index -> this rank's region (what it sends from)
+        self._views = views  # transfer index -> the engine's view it lands in (this rank's receives)
         self.groups = [group_of(pieces[t.piece].name) for t in transfers]
         self.names = {pieces[t.piece].name for t in transfers if self.rank in (t.src, t.dst)}
         self.recv_bytes = sum(t.nbytes for t in transfers if t.dst == self.rank)
         self.sent_bytes = sum(t.nbytes for t in transfers if t.src == self.rank)
+        # the same list on every rank (plan order): straight from the source view into the engine's
+        self.zero_copy = sorted(zero_copy)
+        self.zero_copy_bytes = sum(transfers[j].nbytes for j in self.zero_copy if transfers[j].dst == self.rank)
+        staged = [j for j in range(len(transfers)) if j not in zero_copy]
         # half the budget a round: run() keeps two rounds' staging alive at once
-        rounds = [self._local(r, views) for r in _rounds(transfers, max(1, bucket_bytes // 2))]
+        rounds = [self._local([staged[k] for k in r], views)
+                  for r in _rounds([transfers[j] for j in staged], max(1, bucket_bytes // 2))]
         self.rounds = [r for r in rounds if r.messages]
         # run()'s two buffers, even and odd rounds: each as large as its largest round
         self.buffer_bytes = [max((r.size for r in self.rounds[k::2]), default=0) for k in range(2)]
@@ -118,7 +129,6 @@ class RemoteCopy:
                 t = self.transfers[i]
                 if is_send:
                     rnd.pack.append((rnd.size, self._source(i)))
-                    rnd.sent.append((peer, i))
                 else:
                     rnd.unpack.append((rnd.size, views[i], i))
                 rnd.size += _aligned(t.nbytes)
@@ -138,6 +148,9 @@ class RemoteCopy:
         run while the other round's messages are on the wire; round k's buffer is reused by round k + 2 only
         after round k has landed (its messages waited for, its pieces copied out on this stream)."""
         failed: set[int] = set()
+        if compare and self.zero_copy:
+            raise ValueError("the proof compares staged pieces: build it without zero-copy transfers")
+        direct = self._start_zero_copy()  # on NCCL's stream ahead of the staged rounds, waited for at the end
         bufs = [torch.empty(n, dtype=torch.uint8, device=self.device) for n in self.buffer_bytes if n]
         in_flight: Optional[tuple[_Round, torch.Tensor, list]] = None
         for k, rnd in enumerate(self.rounds):
@@ -150,8 +163,26 @@ class RemoteCopy:
             in_flight = (rnd, buf, works)
         if in_flight is not None:
             failed |= self._land(*in_flight, compare)
+        for work in direct:
+            work.wait()
         del bufs, in_flight  # before the KV cache wakes: the staging is the sync's only extra memory
         return failed
+
+    def _start_zero_copy(self) -> list:
+        """This rank's zero-copy sends and receives posted, ZERO_COPY_OPS transfers of the plan's list a group
+        (each pair of ranks then posts its messages in the same order); the works to wait for."""
+        works = []
+        for k in range(0, len(self.zero_copy), ZERO_COPY_OPS):
+            ops = []
+            for j in self.zero_copy[k:k + ZERO_COPY_OPS]:
+                t = self.transfers[j]
+                if t.src == self.rank:
+                    ops.append(dist.P2POp(dist.isend, self._source(j), t.dst))
+                elif t.dst == self.rank:
+                    ops.append(dist.P2POp(dist.irecv, self._views[j], t.src))
+            if ops:
+                works += dist.batch_isend_irecv(ops)
+        return works
 
     def _land(self, rnd: _Round, buf: torch.Tensor, works: list, compare: bool) -> set[int]:
         """Wait for one round's messages, then copy what it received into the engine (or compare, for the proof)."""
@@ -167,18 +198,18 @@ class RemoteCopy:
     @torch.no_grad()
     def check(self, step: int, fraction: float) -> dict[str, float]:
         """Sampled transfers: the receiver's sum of the engine's view equals the sender's sum of its source."""
-        sums: dict[int, list[torch.Tensor]] = defaultdict(list)  # peer -> [sum, abs sum, ...] in message order
+        sums: dict[int, list[torch.Tensor]] = defaultdict(list)  # peer -> [sum, abs sum, ...] in plan order
         expect: dict[int, list[int]] = defaultdict(list)  # peer -> transfer indices, same order
         views: dict[int, torch.Tensor] = {}
-        for rnd in self.rounds:
-            for peer, i in rnd.sent:
-                if is_sampled(self.groups[i], step, fraction):
-                    flat = self._source(i).to(self.transfers[i].dst_dtype)
-                    sums[peer] += [tensor_checksum(flat), tensor_abs_sum(flat)]
-            for _, v, i in rnd.unpack:
-                if is_sampled(self.groups[i], step, fraction):
-                    expect[self.transfers[i].src].append(i)
-                    views[i] = v
+        for i, t in enumerate(self.transfers):
+            if self.rank not in (t.src, t.dst) or not is_sampled(self.groups[i], step, fraction):
+                continue
+            if t.src == self.rank:
+                flat = self._source(i).to(t.dst_dtype)
+                sums[t.dst] += [tensor_checksum(flat), tensor_abs_sum(flat)]
+            else:
+                expect[t.src].append(i)
+                views[i] = self._views[i]
         recv = {p: torch.empty(2 * len(ids), dtype=torch.float64, device=self.device) for p, ids in expect.items()}
         _batch([dist.P2POp(dist.isend, torch.stack(v), p) for p, v in sums.items()]
                + [dist.P2POp(dist.irecv, t, p) for p, t in recv.items()])
@@ -200,9 +231,11 @@ class RemoteCopy:
 
 # ------------------------------------------------------------------------------------------ the plan
 def plan_remote(regions: Sequence[WeightRegion], engine: RolloutEngine, skip: set[str],
-                group_of: Callable[[str], str], bucket_bytes: int) -> tuple[list[CopyPair], Optional[RemoteCopy]]:
+                group_of: Callable[[str], str], bucket_bytes: int,
+                zero_copy: bool = True) -> tuple[list[CopyPair], Optional[RemoteCopy]]:
     """After a bucketed sync: (local copy pairs, cross-GPU transfers), proven bitwise on every rank, for the
-    weights not in `skip` that the engine can place. Collective over the default group (every rank calls it)."""
+    weights not in `skip` that the engine can place; with `zero_copy`, the transfers whose two ends allow it go
+    view to view. Collective over the default group (every rank calls it)."""
     rank = dist.get_rank()
     mine = [r for r in regions if r.name not in skip]
     pieces, holders, meta = _distinct(_all_gather([PieceMeta(_piece(r), r.src.dtype, _grain(r)) for r in mine]))
@@ -225,19 +258,44 @@ def plan_remote(regions: Sequence[WeightRegion], engine: RolloutEngine, skip: se
     sources = {t.piece: own[_key(pieces[t.piece])] for t in transfers if t.src == rank}
     device = regions[0].src.device if regions else torch.device("cpu")
 
-    def build(chosen: list[Transfer]) -> RemoteCopy:
+    def build(chosen: list[Transfer], direct: frozenset[Transfer] = frozenset()) -> RemoteCopy:
         views = {j: needs[(t.piece, t.lo, t.hi)] for j, t in enumerate(chosen) if t.dst == rank}
-        return RemoteCopy(pieces, chosen, sources, views, group_of, bucket_bytes, device)
+        return RemoteCopy(pieces, chosen, sources, views, group_of, bucket_bytes, device,
+                          frozenset(j for j, t in enumerate(chosen) if t in direct))
 
-    proof = build(transfers)
+    proof = build(transfers)  # staged: it compares what arrives with what the engine got from load_weights
     failed |= {proof.groups[j] for j in proof.run(compare=True)}
     failed = set().union(*_all_gather(failed))  # the export is collective: a group fails everywhere or nowhere
     local = [p for p in local if group_of(p.name) not in failed]
-    remote = build([t for j, t in enumerate(transfers) if proof.groups[j] not in failed])
-    log.info("cross-GPU weight copy: %d transfers in %d rounds; this rank receives %.1f MiB, sends %.1f MiB, stages "
-             "at most %.1f MiB; %d engine groups stay with the export", len(remote.transfers), len(remote.rounds),
-             remote.recv_bytes / 2**20, remote.sent_bytes / 2**20, remote.staging_bytes / 2**20, len(failed))
+    direct = _zero_copy_ok(transfers, sources, needs, rank) if zero_copy else frozenset()
+    remote = build([t for j, t in enumerate(transfers) if proof.groups[j] not in failed], direct)
+    log.info("cross-GPU weight copy: %d transfers, %d of them view to view, the rest in %d rounds; this rank "
+             "receives %.1f MiB (%.1f MiB view to view), sends %.1f MiB, stages at most %.1f MiB; %d engine groups "
+             "stay with the export", len(remote.transfers), len(remote.zero_copy), len(remote.rounds),
+             remote.recv_bytes / 2**20, remote.zero_copy_bytes / 2**20, remote.sent_bytes / 2**20,
+             remote.staging_bytes / 2**20, len(failed))
     return local, (remote if remote.transfers else None)
+
+
+def _zero_copy_ok(transfers: list[Transfer], sources: dict[int, WeightRegion], needs: dict[tuple, torch.Tensor],
+                  rank: int) -> frozenset[Transfer]:
+    """The transfers both ends can run view to view: one dtype, the sender's narrowed source and the receiver's
+    engine view contiguous and of the transfer's size. Each rank judges its own ends; the verdicts are gathered
+    (collective), so every rank holds the same set."""
+    bad = set()
+    for j, t in enumerate(transfers):
+        if t.src_dtype != t.dst_dtype:
+            bad.add(j)
+        elif t.src == rank and not _fits_message(_narrow(sources[t.piece], t.lo, t.hi), t):
+            bad.add(j)
+        elif t.dst == rank and not _fits_message(needs[(t.piece, t.lo, t.hi)], t):
+            bad.add(j)
+    bad = set().union(*_all_gather(bad))
+    return frozenset(t for j, t in enumerate(transfers) if j not in bad)
+
+
+def _fits_message(view: torch.Tensor, t: Transfer) -> bool:
+    return view.is_contiguous() and view.dtype == t.src_dtype and view.numel() * view.element_size() == t.nbytes
 
 
 def _piece(r: WeightRegion) -> WeightPiece:

@@ -34,7 +34,9 @@ Ordering (every rank runs it; the export is collective, so all ranks take the sa
   (generate)
   release()
     8. engine.sleep()                        when free_cache_engine: free weights + KV cache (an engine with LoRA
-                                             adapters keeps its base: vLLM's goes to host memory, level 1)
+                                             adapters keeps its base: vLLM's stays on the GPU with only the KV cache
+                                             freed where the plan fits it, rollout.lora_base_resident, else goes to
+                                             host memory, level 1; step 2 then wakes nothing for a resident base)
     9. actor.onload(params of 6, grads)      training state back for log-probs and the update; an offloaded
                                              optimizer state stays on the host until the update's first
                                              optimizer step brings it back (MegatronRole._optimizer_on_device),
@@ -82,6 +84,7 @@ class SyncOptions:
     check: bool = True
     check_fraction: float = 1.0
     direct: bool = True  # copy shards straight into the engine where proven (hybridrl.hybrid.direct)
+    zero_copy: bool = True  # cross-GPU pieces view to view where both ends allow it (remote.py), else staged
     # LoRA with lora.merge=false: the base streams at the first push only, the adapters every push (adapter_sync.py)
     adapters: bool = False
 
@@ -106,6 +109,7 @@ class SyncOptions:
             check=rollout_cfg.sync_check.enable,
             check_fraction=rollout_cfg.sync_check.sample_fraction,
             direct=rollout_cfg.direct_weight_copy,
+            zero_copy=rollout_cfg.cross_gpu_zero_copy,
             adapters=bool(model_cfg is not None and model_cfg.lora_rank > 0 and not model_cfg.lora.merge),
         )
 
@@ -141,6 +145,9 @@ class WeightSync:
         start = time.perf_counter()
         self._wake(["weights"])
         metrics["timing_s/engine_wake_weights"] = time.perf_counter() - start
+        # the ranks' wakes differ by tens of ms (4 x H200: 0.18 s here, 0.20 s on the slowest rank); the first transfer
+        # between two ranks waits for both, so the skew would count as copy time in reshard_stream
+        metrics["timing_s/reshard_wait_wake"] = _wait_for_peers()
         sent = SentChecksums(step, self.options.check_fraction, self.engine.weight_dtype, self.engine.checksum_terms)
         first = self._all_names is None
         base = first or not self.options.adapters  # LoRA adapters: the engine keeps the base it got at the first sync
@@ -275,6 +282,7 @@ class WeightSync:
                 "reshard/remote_sent_bytes": float(remote.sent_bytes if remote is not None else 0),
                 "reshard/remote_rounds": float(len(remote.rounds) if remote is not None else 0),
                 "reshard/remote_staging_bytes": float(remote.staging_bytes if remote is not None else 0),
+                "reshard/remote_zero_copy_bytes": float(remote.zero_copy_bytes if remote is not None else 0),
                 "reshard/buckets": float(buckets),
                 "reshard/tensors": float(tensors), "reshard/max_bucket_bytes": float(biggest)}
 
@@ -300,7 +308,7 @@ class WeightSync:
         pairs = direct.pairs
         if _world() > 1:  # what the engine needs beyond this rank's own shards where the layouts differ
             local, self._remote = plan_remote(regions, self.engine, direct.names, self._group_of,
-                                              self.options.bucket_bytes)
+                                              self.options.bucket_bytes, self.options.zero_copy)
             pairs = pairs + local
         self._direct = DirectCopy(pairs) if pairs else None
         copied = (self._direct.names if self._direct else set()) | (self._remote.names if self._remote else set())
@@ -343,9 +351,9 @@ def _rank() -> int:
 
 
 def _wait_for_peers() -> float:
-    """Seconds this rank waits for the slowest rank to finish offloading. Without this barrier the wait
-    lands inside the sync's first collective and is reported as sync time (sync times that swing with how
-    long each rank's offload took)."""
+    """Seconds this rank waits for the slowest rank to finish its offload (or its engine's wake). Without this
+    barrier the wait lands inside the sync's first collective and is reported as sync time (sync times that swing
+    with how long each rank's offload or wake took)."""
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return 0.0
     start = time.perf_counter()

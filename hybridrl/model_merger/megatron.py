@@ -41,6 +41,7 @@ class ConvertedModel:
     hf_path: str
     hf_config: Any
     value_head: bool = False
+    head_bias: bool = False  # the value head has score.bias (a critic from a *ForTokenClassification folder)
     role: str = "actor"
     updates: int = 0
     megatron: Any = None
@@ -140,10 +141,13 @@ def mcore_to_hf(ckpt_dir: str, out: str, hf_config_dir: Optional[str] = None, bu
     saved = meta["layout"]
     log(f"{ckpt_dir}: {meta['role']} step {meta['step']}, saved at tp={saved['tp']} pp={saved['pp']} "
         f"dp={saved['dp']}; loading at tp=1 pp=1")
-    chunks = build_model(arch, layout, value_head=meta["value_head"], overrides={"perform_initialization": False})
+    head_bias = bool(meta.get("head_bias", False))  # absent from checkpoints written before it was recorded
+    chunks = build_model(arch, layout, value_head=meta["value_head"], overrides={"perform_initialization": False},
+                         head_bias=head_bias)
     spec = _lora_base(chunks, arch, layout, meta, ckpt_dir, hf_config_dir)
     model = ConvertedModel(Engine(chunks, layout), arch, layout, config_dir, hf_config, value_head=meta["value_head"],
-                           role=meta["role"], megatron=MegatronConfig(use_distributed_optimizer=False), lora=spec)
+                           head_bias=head_bias, role=meta["role"], megatron=MegatronConfig(use_distributed_optimizer=False),
+                           lora=spec)
     try:
         checkpoint.load(ckpt_dir, model)
     except (EOFError, RuntimeError, OSError, ValueError) as e:  # no manifest to name the file (e.g. hf-to-mcore's)
@@ -155,7 +159,7 @@ def mcore_to_hf(ckpt_dir: str, out: str, hf_config_dir: Optional[str] = None, bu
     written = 0
     merged = lora.merged_params(model.engine.chunks) if spec is not None else None  # base + adapters
     for bucket in export_hf_weights(model.engine.chunks, arch, layout, bucket_bytes, value_head=meta["value_head"],
-                                    params=merged):
+                                    params=merged, head_bias=head_bias):
         writer.write(bucket)
         written += len(bucket)
         log(f"wrote {written} tensors ({writer.total_bytes / 2**20:.1f} MiB)")

@@ -4,7 +4,8 @@
     plan = estimate(validate(cfg), shape, 80 * GiB)  # estimate.py -> memory.py formulas
     shape_problems(run, shape) + fit_problems(plan, run, shape)   # checks.py
 
-`hybridrl plan ...` (cli.py) prints it; `--json` gives the keys documented in report.py.
+`hybridrl plan ...` (cli.py) prints it; `--json` gives the keys documented in report.py. The trainer makes the same
+plan for the GPUs it runs on before it starts anything (device_check.check_memory, trainer.memory_check).
 """
 from .checks import Problem, fit_problems, shape_problems
 from .estimate import estimate

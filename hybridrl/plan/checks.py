@@ -23,6 +23,7 @@ EP = f"{ARA}.actor.megatron.expert_model_parallel_size"
 ETP = f"{ARA}.actor.megatron.expert_tensor_parallel_size"
 ROLLOUT_EP = f"{ARA}.rollout.expert_parallel_size"
 UTIL = f"{ARA}.rollout.gpu_memory_utilization"
+RESIDENT = f"{ARA}.rollout.lora_base_resident"
 
 
 @dataclass(frozen=True)
@@ -198,14 +199,17 @@ def _layout_fixes(p: dict[str, int], run: RunConfig, shape: ModelShape, role: st
 def _fixes_for_training(phase: Phase, run: RunConfig, shape: ModelShape) -> list[_Fix]:
     p = phase.parts
     role, idle = ("critic", "actor") if phase.name == "train_critic" else ("actor", "critic")
-    return (_engine_fixes(p) + _offload_fixes(p, (idle,), "the idle") + _activation_fixes(p, run, role)
+    return (_engine_fixes(p, run) + _offload_fixes(p, (idle,), "the idle") + _activation_fixes(p, run, role)
             + _layout_fixes(p, run, shape, role))
 
 
-def _engine_fixes(p: dict[str, int]) -> list[_Fix]:
+def _engine_fixes(p: dict[str, int], run: RunConfig) -> list[_Fix]:
     engine = p["rollout_weights"] + p["rollout_kv_cache"] + p["rollout_activations"]
     if not engine:
         return []
+    if run.cfg.actor_rollout_ref.rollout.free_cache_engine:  # asleep: what stays is a LoRA base kept resident
+        return [_Fix(RESIDENT, f"{RESIDENT}=false (the LoRA base goes to host memory while the engine sleeps, frees "
+                               f"{_gib(engine)}; a host round trip of it every step)", engine)]
     return [_Fix(f"{ARA}.rollout.free_cache_engine", f"{ARA}.rollout.free_cache_engine=true (vLLM sleeps "
                  f"while training, frees {_gib(engine)})", engine)]
 
@@ -215,7 +219,7 @@ def _fixes_for_step(phase: Phase, run: RunConfig, shape: ModelShape) -> list[_Fi
     smaller micro-batches do not help here); bf16 grads add their fp32 copies."""
     p = phase.parts
     role, idle = ("critic", "actor") if phase.name == "critic_step" else ("actor", "critic")
-    fixes = _engine_fixes(p) + _offload_fixes(p, (idle,), "the idle")
+    fixes = _engine_fixes(p, run) + _offload_fixes(p, (idle,), "the idle")
     if p["optimizer_step"]:
         key = f"+{MEGATRON_KEY[role]}.override_ddp_config.grad_reduce_in_fp32"
         fixes.append(_Fix(key, f"{key}=true (fp32 grads: +{_gib(p[f'{role}_grads'])} of grads, but the step's "
@@ -236,7 +240,7 @@ def _fixes_for_ref_pass(phase: Phase, run: RunConfig, shape: ModelShape) -> list
              _Fix(f"{ARA}.actor.use_kl_loss", f"no reference: {ARA}.actor.use_kl_loss=false and "
                   f"algorithm.use_kl_in_reward=false (frees its {_gib(p['ref_params'])})", p["ref_params"])]
     offload = [f for f in _offload_fixes(p, ("critic",), "the idle") if not f.knob.startswith(f"{ARA}.ref.")]
-    return fixes + offload + _layout_fixes(p, run, shape, "actor")
+    return fixes + _engine_fixes(p, run) + offload + _layout_fixes(p, run, shape, "actor")
 
 
 def _fixes_for_reward(phase: Phase, run: RunConfig) -> list[_Fix]:
@@ -248,6 +252,7 @@ def _fixes_for_reward(phase: Phase, run: RunConfig) -> list[_Fix]:
         key, now = "reward_model.micro_batch_size_per_gpu", plan.micro_batch_per_gpu
     act = p["activations"]
     fixes = [_Fix(key, f"a lower {key} (now {now}; its forward pass's activations are {_gib(act)})", act // 2)]
+    fixes += _engine_fixes(p, run)
     return fixes + [f for f in _offload_fixes(p, ("actor", "critic"), "the idle") if not f.knob.startswith("reward_")]
 
 
@@ -283,7 +288,9 @@ def fit_problems(plan: MemoryPlan, run: RunConfig, shape: ModelShape) -> list[Pr
             fixes = _fixes_for_step if name.endswith("_step") else _fixes_for_training
             out.append(_explain(phase, gpu, fixes(phase, run, shape)))
     ref_pass = plan.phases.get("ref_log_prob")
-    if ref_pass is not None and ref_pass.total > gpu:
+    # a resident reference's pass never exceeds train_actor (memory.py), which already names the fixes
+    offloaded = run.cfg.actor_rollout_ref.ref.megatron.param_offload
+    if ref_pass is not None and offloaded and ref_pass.total > gpu:
         out.append(_explain(ref_pass, gpu, _fixes_for_ref_pass(ref_pass, run, shape)))
     reward = plan.phases.get("reward")
     if reward is not None and reward.total > gpu:

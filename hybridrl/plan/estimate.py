@@ -10,7 +10,7 @@ import math
 from typing import Any, Optional
 
 from hybridrl.config import RunConfig
-from hybridrl.config.lora_checks import lora_targets
+from hybridrl.config.lora_checks import VLLM_LORA_RANKS, base_resident_mode, lora_targets
 
 from .memory import (
     DEFAULT_OVERHEAD_BYTES,
@@ -32,6 +32,7 @@ from .memory import (
     onload_reserve,
     phase_parts,
     rollout_activation_bytes,
+    rollout_lora_slot_bytes,
     rollout_weight_bytes,
     stage_activation_bytes,
     stage_activation_parts,
@@ -115,19 +116,38 @@ def _role_memory(run: RunConfig, role: str, shape: ModelShape, stage: int) -> Ro
                       offload_optimizer=gpu and megatron.optimizer_offload)
 
 
-def _rollout_memory(run: RunConfig, shape: ModelShape, gpu_memory_bytes: int) -> tuple[RolloutMemory, Optional[KVCache]]:
+def _adapter_sync(run: RunConfig) -> bool:
+    """The colocated engine takes LoRA adapters apart from the base (hybridrl.config.lora_checks.rollout_lora)."""
+    model = run.cfg.actor_rollout_ref.model
+    return model.lora_rank > 0 and not model.lora.merge and not run.derived.placement.split
+
+
+def _can_keep_base(run: RunConfig) -> bool:
+    """rollout.lora_base_resident applies: vLLM on GPUs, adapters synced alone, the engine asleep while training."""
+    d = run.derived
+    return (d.device == "cuda" and d.rollout.engine == "vllm" and _adapter_sync(run)
+            and run.cfg.actor_rollout_ref.rollout.free_cache_engine)
+
+
+def _rollout_memory(run: RunConfig, shape: ModelShape, gpu_memory_bytes: int,
+                    base_resident: bool = False) -> tuple[RolloutMemory, Optional[KVCache]]:
     d, r = run.derived, run.cfg.actor_rollout_ref.rollout
     dtype_bytes = DTYPE_BYTES.get(r.dtype, 2) if d.device == "cuda" else 4
     weights = rollout_weight_bytes(shape, d.rollout.tp, dtype_bytes)
     max_model_len = r.max_model_len or sequence_length(run)
     if d.rollout.engine != "vllm":  # the torch engine: its own weights, a KV cache sized per batch (not planned)
         return RolloutMemory(weights, 0, 0, r.free_cache_engine), None
+    if _adapter_sync(run):  # vLLM's LoRA slots, allocated with the base (memory.py)
+        model = run.cfg.actor_rollout_ref.model
+        max_rank = next((k for k in VLLM_LORA_RANKS if k >= model.lora_rank), model.lora_rank)
+        weights += rollout_lora_slot_bytes(shape, max_rank, lora_targets(model.target_modules, model.exclude_modules),
+                                           d.rollout.tp, dtype_bytes)
     activations = rollout_activation_bytes(shape, d.rollout.tp, dtype_bytes, r.max_num_batched_tokens, r.max_num_seqs,
                                            r.enforce_eager)
     kv_bytes = int(r.gpu_memory_utilization * gpu_memory_bytes) - weights - activations
     per_token = kv_bytes_per_token(shape, d.rollout.tp, dtype_bytes)
     kv = KVCache(kv_bytes, per_token, max(kv_bytes, 0) // per_token, max_model_len)
-    return RolloutMemory(weights, activations, kv_bytes, r.free_cache_engine), kv
+    return RolloutMemory(weights, activations, kv_bytes, r.free_cache_engine, weights if base_resident else 0), kv
 
 
 def _reward_model(run: RunConfig, shape: ModelShape, stage: int) -> tuple[RoleMemory, int]:
@@ -151,7 +171,33 @@ def estimate(run: RunConfig, shape: ModelShape, gpu_memory_bytes: int,
              overhead_bytes: int = DEFAULT_OVERHEAD_BYTES, critic_shape: Optional[ModelShape] = None,
              rm_shape: Optional[ModelShape] = None) -> MemoryPlan:
     """The per-GPU memory plan of `run` for a model of `shape` on GPUs of `gpu_memory_bytes` (`rm_shape`: the reward
-    model's, when reward_model.enable; planned as the actor's shape, with a note, when not given)."""
+    model's, when reward_model.enable; planned as the actor's shape, with a note, when not given).
+
+    LoRA on vLLM (rollout.lora_base_resident): true plans the engine's base on the GPU in every phase; auto does so
+    where every phase then fits, else plans vLLM's level-1 sleep (nothing kept); `rollout_base_resident` says which,
+    and the engine is built accordingly (hybridrl.workers.common.build_rollout_engine)."""
+    args = (run, shape, gpu_memory_bytes, overhead_bytes, critic_shape, rm_shape)
+    mode = base_resident_mode(run.cfg.actor_rollout_ref.rollout.lora_base_resident)
+    if mode is False or not _can_keep_base(run):
+        return _estimate(*args, base_resident=False)
+    kept = _estimate(*args, base_resident=True)
+    too_big = [p for p in kept.phases.values() if p is not None and p.total > gpu_memory_bytes]
+    base = kept.phases["rollout"].parts["rollout_weights"] / GiB
+    if mode or not too_big:
+        why = "true" if mode else "auto: every phase fits with it"
+        note = (f"LoRA: the rollout engine keeps its base ({base:.1f} GiB) on the GPU while it sleeps, only its KV "
+                f"cache is freed (rollout.lora_base_resident={why}; counted in every phase)")
+        return dataclasses.replace(kept, notes=kept.notes + [note])
+    plan = _estimate(*args, base_resident=False)
+    worst = max(too_big, key=lambda p: p.total)
+    note = (f"LoRA: the rollout engine's base ({base:.1f} GiB) goes to host memory at every sleep and back at every "
+            f"wake (rollout.lora_base_resident=auto: kept on the GPU, {worst.name} would need {worst.total / GiB:.1f} "
+            f"of {gpu_memory_bytes / GiB:.1f} GiB)")
+    return dataclasses.replace(plan, notes=plan.notes + [note])
+
+
+def _estimate(run: RunConfig, shape: ModelShape, gpu_memory_bytes: int, overhead_bytes: int,
+              critic_shape: Optional[ModelShape], rm_shape: Optional[ModelShape], base_resident: bool) -> MemoryPlan:
     d = run.derived
     critic_shape = critic_shape or shape
     notes = []
@@ -159,7 +205,7 @@ def estimate(run: RunConfig, shape: ModelShape, gpu_memory_bytes: int,
         rm_shape = shape
         notes.append("the reward model is planned with the actor's shape (pass --reward-model-config for its own)")
     overhead = overhead_bytes if d.device == "cuda" else 0
-    rollout, kv = _rollout_memory(run, shape, gpu_memory_bytes)
+    rollout, kv = _rollout_memory(run, shape, gpu_memory_bytes, base_resident)
     actor_act = activation_setup(run, "actor")
     critic_act = activation_setup(run, "critic") if d.use_critic else None
     best: dict[str, Optional[Phase]] = {name: None for name in PHASES}
@@ -183,7 +229,7 @@ def estimate(run: RunConfig, shape: ModelShape, gpu_memory_bytes: int,
         for name in PHASES:
             if name in ("train_critic", "critic_step") and not d.use_critic:
                 continue
-            if name == "ref_log_prob" and not (s.ref is not None and s.ref.offload_params):
+            if name == "ref_log_prob" and s.ref is None:
                 continue
             if name == "reward" and s.rm is None:
                 continue
@@ -204,7 +250,7 @@ def estimate(run: RunConfig, shape: ModelShape, gpu_memory_bytes: int,
     onload = best["train_actor_onload"]
     if onload is not None:
         notes.append(_onload_note(onload, optimizer_bytes[onload.stage], run))
-    return MemoryPlan(gpu_memory_bytes, overhead, best, kv, notes)
+    return MemoryPlan(gpu_memory_bytes, overhead, best, kv, notes, rollout_base_resident=base_resident)
 
 
 def _onload_note(phase: Phase, whole: int, run: RunConfig) -> str:

@@ -47,7 +47,12 @@ Rollout engine (vLLM, colocated):
     max_num_seqs * V * 8 for fp32 logits and probabilities in the sampler, 0.5 GiB of CUDA graphs
     unless enforce_eager), and the rest as KV cache:
     KV per token = 2 * L * ceil(g/tp_g) * d * b_g   (K and V; KV heads are replicated when tp_g > g)
-    While asleep (free_cache_engine=true) it holds nothing; otherwise its whole share stays.
+    With LoRA adapters synced alone (model.lora_rank > 0, lora.merge=false) its weights add the adapter slots vLLM
+    allocates beside the base: A [R, in] and B [out, R] per wrapped module (q/k/v and gate/up wrapped as packs), split
+    over tp_g as the actor's adapters are over tp, R = vLLM's max_lora_rank (the smallest of its ranks >= r).
+    While asleep (free_cache_engine=true) it holds nothing, except a LoRA base kept resident
+    (rollout.lora_base_resident; auto: where every phase fits with it, estimate.py): then its weights (base and
+    slots) stay in every phase, only the KV cache and activations go. Otherwise its whole share stays.
 
 Phases (each component is 0 when absent; totals are for the busiest pipeline stage):
     train_actor   the actor's forward/backward: actor params+grads + activations, plus whatever idle roles keep;
@@ -64,10 +69,11 @@ Phases (each component is 0 when absent; totals are for the busiest pipeline sta
     train_critic  the critic's update (PPO with GAE): its whole state (the critic's idle offload brings all of it
                   back for its calls) + activations
     critic_step   the critic's optimizer step: its whole state + optimizer_step, no activations
-    ref_log_prob  the reference's log-prob pass, planned when ref.megatron.param_offload is set (otherwise the
-                  reference's params are counted in the phases above, and a forward pass holds no more than an
-                  update): the reference's params come back beside the actor's params and grads (and its
-                  optimizer state without the hybrid engine), plus a forward-only pass's activations
+    ref_log_prob  the reference's log-prob pass (every job with a reference of its own; memory/ref_peak_bytes is
+                  measured against it): the reference's params (onloaded for the pass with ref.megatron.param_offload)
+                  beside the actor's params and grads (and its optimizer state unless optimizer_offload left it on
+                  the host), plus a forward-only pass's activations. Without param_offload it never exceeds
+                  train_actor, which counts the same state and the larger of the two passes' activations
     rollout       generation: vLLM's share + what the training roles keep after offload (a split placement,
                   actor_rollout_ref.hybrid_engine=false: one of the rollout's own GPUs, vLLM's share only)
     reward        the reward model's forward pass (reward_model.enable): its params (params only: it never trains;
@@ -280,6 +286,15 @@ def rollout_weight_bytes(shape: ModelShape, tp_g: int, dtype_bytes: int) -> int:
     return n * dtype_bytes
 
 
+def rollout_lora_slot_bytes(shape: ModelShape, max_rank: int, targets: tuple[str, ...], tp_g: int,
+                            dtype_bytes: int) -> int:
+    """vLLM's LoRA slot buffers on one GPU (max_loras 1): every member of a wrapped pack (qkv_proj, gate_up_proj)
+    gets a slot when any member is targeted."""
+    packs = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"), ("o_proj",), ("down_proj",))
+    wrapped = tuple(m for pack in packs if set(pack) & set(targets) for m in pack)
+    return stage_lora_params(shape, max_rank, wrapped, tp_g, 1) * dtype_bytes
+
+
 def rollout_activation_bytes(shape: ModelShape, tp_g: int, dtype_bytes: int, max_num_batched_tokens: int,
                              max_num_seqs: int, enforce_eager: bool) -> int:
     """vLLM's profiling peak outside weights and KV cache (forward of a full batch, sampler, CUDA graphs)."""
@@ -364,6 +379,7 @@ class RolloutMemory:
     activations: int
     kv_cache: int
     asleep_when_training: bool
+    resident_asleep: int = 0  # what the engine keeps while asleep (a LoRA base kept on the GPU: its weights)
 
 
 def phase_parts(name: str, s: StageMemory, r: RolloutMemory, overhead: int, split: bool = False) -> dict[str, int]:
@@ -402,6 +418,8 @@ def phase_parts(name: str, s: StageMemory, r: RolloutMemory, overhead: int, spli
         parts["optimizer_step"] = s.critic.state.step
     if not split and (name == "rollout" or not r.asleep_when_training):
         parts.update(rollout_weights=r.weights, rollout_activations=r.activations, rollout_kv_cache=max(r.kv_cache, 0))
+    elif not split:  # asleep: only what stays resident
+        parts["rollout_weights"] = r.resident_asleep
     parts["overhead"] = overhead
     return parts
 
@@ -438,6 +456,7 @@ class MemoryPlan:
     phases: dict[str, Optional[Phase]]
     kv_cache: Optional[KVCache]
     notes: list[str] = field(default_factory=list)
+    rollout_base_resident: bool = False  # LoRA: the engine keeps its base on the GPU while asleep (counted in phases)
 
     @property
     def peak(self) -> Phase:

@@ -17,7 +17,9 @@ config itself was refused). All memory values are bytes per GPU.
                         forward_tokens_per_micro_batch, micro_batches_in_flight, rollout_engine, rollout_tp,
                         rollout_dp, gpu_memory_utilization, free_cache_engine, use_reference, use_critic,
                         ep, etp, expert_dp, alltoall_bytes_per_layer (MoE: one layer's all-to-all receive
-                        buffers of a training micro-batch, included in phases.train_actor.activations)
+                        buffers of a training micro-batch, included in phases.train_actor.activations),
+                        rollout_base_resident (LoRA on vLLM: the engine keeps its base on the GPU while asleep,
+                        counted as rollout_weights in every phase; rollout.lora_base_resident)
     phases              {train_actor, train_actor_onload, actor_step, train_critic, critic_step, ref_log_prob, rollout,
                         reward}: each {<component>: bytes, ..., total, stage} or null where the job has no such phase
                         (train_actor_onload: the forward/backward while the offloaded optimizer state comes back beside
@@ -33,7 +35,11 @@ config itself was refused). All memory values are bytes per GPU.
     summary             validate()'s RunConfig.summary() text
 
 To compare with a measured run: `phases.<phase>.total - overhead` against torch.cuda.max_memory_allocated()
-in that phase (the allocator's view), or `total` against the device's used memory (nvidia-smi / NVML).
+in that phase (the allocator's view), or `total` against the device's used memory (nvidia-smi / NVML). The trainer's
+metrics pair up as memory/train_peak_bytes ~ the largest of train_actor, train_actor_onload and actor_step;
+memory/ref_peak_bytes ~ ref_log_prob; memory/reward_peak_bytes ~ reward; memory/rollout_used_bytes ~ rollout. Each
+measured peak includes memory/<phase>_cache_held_bytes (cache the allocator cannot return), which only `overhead`
+covers.
 """
 from __future__ import annotations
 
@@ -90,6 +96,8 @@ def to_json_dict(run: Optional[RunConfig], shape: Optional[ModelShape], plan: Op
         out["model"] = shape.to_dict()
     if plan is not None:
         out.update(overhead_bytes=plan.overhead_bytes, **plan.to_dict())
+        if out["layout"] is not None:
+            out["layout"]["rollout_base_resident"] = plan.rollout_base_resident
     return out
 
 

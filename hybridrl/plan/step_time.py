@@ -2,13 +2,14 @@
 
 Phases, per step (every rank takes the same time in a balanced layout; T tokens of the step, S samples, R response
 tokens, N matmul weights, L layers, dp/tp/pp/cp/ep the actor's layout, tp_g/dp_g the rollout's):
-    generation     R decode steps of one replica, each: a fixed cost (the engine's scheduler, sampling, launches:
-                   decode is latency-bound, a replica's step barely shortens with fewer sequences) + per_sequence_s
-                   x S/dp_g + the replica's weights/tp_g read from HBM + with tp_g > 1, 2 L all-reduces of
-                   allreduce_latency_s x log2(tp_g) (vLLM's NCCL all-reduce; custom all-reduce is off); plus the
-                   engine's wake/sleep: a fixed part, its weights woken (per GB of its shard), more with each
-                   doubling of the GPUs (their KV caches woken at once, the driver's wait for the slowest worker),
-                   and with optimizer_offload the optimizer state's way to the host
+    generation     R decode steps of one replica, each: a fixed cost (the engine's scheduler, sampling, the captured
+                   graph's launch) + per_sequence_s x B (B = S/dp_g sequences a replica) + the roofline of its GEMMs
+                   (the replica's weights/tp_g read from HBM against 2 N B/tp_g FLOPs) + its KV cache's read + with
+                   tp_g > 1, 2 L all-reduces of allreduce_latency_s x log2(tp_g) (vLLM's NCCL all-reduce; custom
+                   all-reduce is off) + where B is above vLLM's largest captured CUDA graph (512) or the engine is
+                   eager, uncaptured_layer_s a layer; plus the engine's wake/sleep: a fixed part, its weights woken
+                   (per GB of its shard), more with each doubling of the GPUs (their KV caches woken at once, the
+                   driver's wait for the slowest worker), and with optimizer_offload the optimizer state's way to the host
     sync           the weights into the engine: each GPU copies its engine shard (2 N / tp_g bytes) in HBM, and
                    receives from other GPUs the part of it that its training shard does not hold (the cross-GPU
                    direct copy, hybrid/remote.py): the other pipeline stages' layers (over the network where the
@@ -31,7 +32,8 @@ the node's NICs: an assumption, `hybridrl plan --search --net-gbps`). A group of
 spans nodes when its stride times its size exceeds a node.
 MFU grows with the model's width (bigger GEMMs): it is interpolated in log2(hidden_size) between the calibration
 points below and held beyond them. The constants come from the runs in benchmarks/results/plan_calibration.json
-(dated); tests/unit/test_plan_search.py checks the model against every row (`plan_step_time_error_max`).
+(dated), fitted by benchmarks/plan_calibration.py (plan_accuracy.json + .md: every row's error, and each lease's
+error with the constants fitted on the other leases); tests/unit/test_plan_accuracy.py fails past 20% on any row.
 tp_efficiency is a guess (not measured apart from the step times it is checked against), and so are the experts'
 efficiencies (grouped_experts_efficiency, sequential_experts_efficiency) until issue 38's MoE rows calibrate them.
 A GPU's training state counts its own experts: dense weights over tp x pp, routed experts over pp x ep x etp; their
@@ -87,32 +89,38 @@ class Network:
 class Costs:
     """Efficiencies measured on H200s (sources in the comments); see the module docstring for where they enter."""
 
-    # forward+backward MFU at hidden 1536 (four_gpu_h200x2.json 1p5b_1gpu: 0.336) and 3584 (megatron_speed.json 7B: 0.502)
-    train_mfu: tuple[tuple[int, float], ...] = ((1536, 0.336), (3584, 0.502))
-    # log-prob forward MFU, the old log-probs with entropy (four_gpu 1.5B: 0.92 s for 68.6k tokens -> 0.23;
-    # megatron_scale 7B: 1.07 s for 34.3k tokens -> 0.49)
-    forward_mfu: tuple[tuple[int, float], ...] = ((1536, 0.23), (3584, 0.49))
-    # vLLM decode, fitted on the 2026-11-27 4 x H200 rows (generate 1.66 s for 128 sequences of the 7B on one GPU,
-    # 1.34 s for 32 a replica at tp_g=1 x dp_g=4; 1.5B 1.69 s for 256, 1.08 s for 64): a fixed 2.2 ms a decode
-    # step and 13 us a sequence; tp_g=2 (1.68 s, 64 a replica) and tp_g=4 (2.08 s, 128) leave 35 us x log2(tp_g)
-    # for each of the 2 L NCCL all-reduces
-    decode_step_s: float = 2.2e-3
-    per_sequence_s: float = 1.3e-5
-    allreduce_latency_s: float = 3.5e-5
+    # Fitted (benchmarks/plan_calibration.py accuracy, 2026-11-28): the constants marked FITTED there, by Nelder-Mead on
+    # the squared log error of the step (and half that of generate, gen, update and the log-prob passes) over the 23
+    # rows of benchmarks/results/plan_calibration.json (1-4 H200s, 0.5B-14B dense); leave-one-lease-out errors are in
+    # benchmarks/results/plan_accuracy.md. Rounded to 3 figures.
+    # forward+backward MFU at hidden 1536 and 3584 (the 1.5B and 7B rows), interpolated in log2(hidden) between
+    train_mfu: tuple[tuple[int, float], ...] = ((1536, 0.296), (3584, 0.515))
+    # log-prob forward MFU (the old log-probs with entropy, the reference's)
+    forward_mfu: tuple[tuple[int, float], ...] = ((1536, 0.253), (3584, 0.410))
+    # vLLM decode, a step of one replica: a fixed part (scheduler, sampling, launches of the captured graph), a cost a
+    # sequence (its sampling and bookkeeping on the host), the roofline of its GEMMs (the weights' read from HBM
+    # against 2 N FLOPs a sequence at decode_mfu) and the KV cache's read; tp_g > 1: 2 L NCCL all-reduces of
+    # allreduce_latency_s x log2(tp_g)
+    decode_step_s: float = 1.85e-3
+    per_sequence_s: float = 1.70e-5
+    allreduce_latency_s: float = 2.50e-5
+    # not fitted: left free the fit ran it to 1.05 (the rows, at most 512 sequences a replica, do not show decode
+    # compute); held at the peak, so large batches of large models still pay their FLOPs (an assumption)
+    decode_mfu: float = 1.0
+    # vLLM captures CUDA graphs up to 512 sequences (vllm_engine.VLLM_CAPTURE_MAX); a larger batch a replica, or
+    # rollout.enforce_eager, runs uncaptured: each layer's kernels launched from the host every step. Fitted; its
+    # rows: 1.5B x 1024 sequences on one GPU (four_gpu_h200x4_2) and 7B tp_g4 eager (four_gpu_h200x4)
+    cuda_graph_max_batch: int = 512
+    uncaptured_layer_s: float = 8.17e-4
     # the rest of gen (gen less generate, the sync, the check and, with optimizer_offload, the optimizer state's way
-    # to the host at host_bytes_per_s), least squares over 20 H200 runs, medians of steps 2-5 (benchmarks/results/
-    # megatron_scale/ 2026-11-26: 0.5B-7B on one GPU; four_gpu_h200x2/: 1.5B on 1 and 2; four_gpu_h200x4/,
-    # four_gpu_h200x4_2/, four_gpu_h200x4_3/ 2026-11-27: the rows of plan_calibration.json, .car runs left out;
-    # residuals within 0.34 s, rms 0.14 s): a fixed 0.17 s (the engine's sleep and wake calls, the training state's
-    # offload and onload), 0.011 s per GB of the engine's shard (its weights woken: engine_wake_weights 0.08 s for
-    # 3.1 GB, 0.34 s for 29.5 GB) and 0.26 s per doubling of the job's GPUs (0.10-0.32 s on one GPU, 0.62 s on two,
-    # 0.45-1.19 s on four: the KV caches woken at once, 0.19 s against 0.05 s, and the driver's wait for the slowest
-    # worker; beyond four GPUs an extrapolation). The training state a GPU holds did not show once the optimizer
-    # state's trip is counted apart (one GPU, 2026-11-27: 0.29-0.32 s for the 7B's 45.7 GB, 0.27-0.30 s for the
-    # 1.5B's 9.2 GB); the 0.045 s per GB of it that this replaced stood in for that trip
-    engine_wake_sleep_s: float = 0.17
+    # to the host at host_bytes_per_s): a fixed part (the engine's sleep and wake calls, the training state's offload
+    # and onload; fitted), per GB of the engine's shard (its weights woken: not fitted, the engine_wake_weights timer
+    # itself: 0.08 s for 3.1 GB, 0.34 s for 29.5 GB), and per doubling of the job's GPUs (fitted; the KV caches woken
+    # at once and the driver's wait for the slowest worker: 0.19 s against 0.05 s on one GPU; beyond four GPUs an
+    # extrapolation)
+    engine_wake_sleep_s: float = 0.108
     engine_wake_s_per_gb: float = 0.011
-    wake_s_per_gpu_doubling: float = 0.26
+    wake_s_per_gpu_doubling: float = 0.389
     # guesses (not measured apart from the step times): tensor-parallel efficiency of the training GEMMs
     tp_efficiency: tuple[tuple[int, float], ...] = ((1, 1.0), (2, 0.85), (4, 0.75), (8, 0.6))
     # guesses until issue 38's rows (benchmarks/results/moe_scale.json) calibrate them: the routed experts' GEMMs
@@ -131,7 +139,7 @@ class Costs:
     # 0.027 s for 1.5B's 3.1 GB on one GPU, 0.106 s for 7B's 15.2 GB, 0.392 s for 14B's 29.5 + 22.2 GB), the median.
     # Measured before 5f711d7 (float32 block sums): re-fit from the next lease's rows
     sync_check_s_per_gb: float = 7.0e-3
-    other_s: float = 0.1  # reward, advantages, dispatch
+    other_s: float = 6.7e-4  # reward, advantages, dispatch (fitted: what the rows leave is inside the phases above)
 
 
 def _interpolate(points: tuple[tuple[int, float], ...], hidden: int) -> float:
@@ -236,15 +244,25 @@ def step_seconds(run: RunConfig, shape: ModelShape, gpu: GPU, costs: Costs = Cos
     passes = 4 if recompute else 3  # forward (again with recompute), backward's two
 
     # generation: one replica's decode steps, the engine's wake/sleep
-    per_step = (costs.decode_step_s + costs.per_sequence_s * samples / r.dp
-                + 2 * shape.active_params / r.tp / gpu.hbm_bytes_per_s)
+    batch_g = samples / r.dp  # sequences a replica decodes at once (ignore_eos: all of them for every step)
+    context = cfg.data.max_prompt_length // 2 + response / 2  # a sequence's mean context over its decode steps
+    kv_bytes = batch_g * context * shape.num_layers * 2 * shape.kv_width * 2 / max(1, min(r.tp, shape.num_key_value_heads))
+    # a decode step's GEMMs read the replica's weights once and do 2 N FLOPs a sequence: the slower of the two
+    # (roofline), plus the KV cache's read
+    gemms = max(2 * shape.active_params / r.tp / gpu.hbm_bytes_per_s,
+                2 * _matmul_params(shape) * batch_g / r.tp / (gpu.peak_flops * costs.decode_mfu))
+    per_step = costs.decode_step_s + costs.per_sequence_s * batch_g + gemms + kv_bytes / gpu.hbm_bytes_per_s
     if r.tp > 1:
         per_step += 2 * shape.num_layers * costs.allreduce_latency_s * math.log2(r.tp)
+    # vLLM runs a batch above its largest captured graph (or every batch with enforce_eager) uncaptured
+    if batch_g > costs.cuda_graph_max_batch or cfg.actor_rollout_ref.rollout.enforce_eager:
+        per_step += costs.uncaptured_layer_s * shape.num_layers
+    generate = response * per_step
     engine_bytes = 2 * shape.params / r.tp  # the engine's shard on a GPU
     optimizer_bytes = 12 * (dense_params / (a.dp * a.cp) + expert_params / a.expert_dp)
     # with optimizer_offload the optimizer state goes to the host during generation (and comes back for the update)
     offload = optimizer_bytes / gpu.host_bytes_per_s if cfg.actor_rollout_ref.actor.megatron.optimizer_offload else 0.0
-    gen = (response * per_step + costs.engine_wake_sleep_s + costs.engine_wake_s_per_gb * engine_bytes / 1e9
+    gen = (generate + costs.engine_wake_sleep_s + costs.engine_wake_s_per_gb * engine_bytes / 1e9
            + costs.wake_s_per_gpu_doubling * math.log2(a.world_size) + offload)
 
     # the weights into the engine: the local copy, what other GPUs send, and the check of both
@@ -285,6 +303,7 @@ def step_seconds(run: RunConfig, shape: ModelShape, gpu: GPU, costs: Costs = Cos
     out = {"gen": gen, "sync": sync, "sync_check": sync_check, "log_probs": log_probs, "update": update,
            "optimizer_offload": offload, "other": costs.other_s}
     out["step"] = sum(out.values())
+    out["generate"] = generate  # part of gen (the decode alone), not added again
     return out
 
 

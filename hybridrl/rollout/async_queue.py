@@ -4,6 +4,9 @@ Entries are finished prompt groups (rollout batches of n rows carrying `rollout_
 response token; -1 where the policy generated nothing). A group's *lag* at a trainer step is the trainer's version
 (updates done before the step's update) minus the version of the group's oldest token. The trainer takes groups
 first in first out and drops those whose lag exceeds the bound (counted). Nothing here knows about Ray or workers.
+
+A spill file (`SampleQueue.spill`) holds finished groups as safetensors + JSON, tagged with the run that wrote it;
+a resumed run reads it back (hybridrl/trainer/spilled.py). It is written under a new name, whole or not at all.
 """
 from __future__ import annotations
 
@@ -18,13 +21,19 @@ from typing import Optional
 import numpy as np
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors.torch import save
 
 from hybridrl.protocol import DataProto
+from hybridrl.utils.durable import write_new
 
 from .continuous import VERSIONS_KEY
 
 log = logging.getLogger(__name__)
+SPILL_FORMAT = "hybridrl.async_queue/1"
+
+
+class SpillFileError(ValueError):
+    """A spill file that cannot be read back whole (named in the message)."""
 
 
 def version_span(group: DataProto) -> tuple[int, int]:
@@ -91,19 +100,26 @@ class SampleQueue:
             self._cond.notify_all()
             return True
 
-    def take(self, count: int, trainer_version: int, max_lag: int) -> tuple[list[DataProto], int]:
-        """Up to `count` groups within the bound (oldest first) and how many stale ones were dropped on the way."""
+    def preload(self, groups: list[DataProto]) -> None:
+        """Put `groups` (read back from a spill file) first in line, whatever the capacity: the producers' groups
+        wait behind them."""
+        with self._cond:
+            self._groups.extendleft(reversed(groups))
+            self._cond.notify_all()
+
+    def take(self, count: int, trainer_version: int, max_lag: int) -> tuple[list[DataProto], list[DataProto]]:
+        """Up to `count` groups within the bound (oldest first) and the stale ones dropped on the way."""
         out: list[DataProto] = []
-        dropped = 0
+        dropped: list[DataProto] = []
         with self._cond:
             while self._groups and len(out) < count:
                 group = self._groups.popleft()
                 oldest, _ = version_span(group)
                 if oldest >= 0 and trainer_version - oldest > max_lag:
-                    dropped += 1
+                    dropped.append(group)
                     continue
                 out.append(group)
-            self.dropped += dropped
+            self.dropped += len(dropped)
             self._cond.notify_all()
         return out, dropped
 
@@ -116,25 +132,23 @@ class SampleQueue:
         with self._cond:
             self._cond.notify_all()
 
-    def spill(self, folder: str, extra: Optional[list[DataProto]] = None) -> Optional[str]:
-        """Write every queued group (plus `extra`, groups taken but not trained on) to a new file in `folder`;
-        its path, or None when there was nothing to write. safetensors for the tensors and JSON for the rest, so
-        reading it back runs no pickle (tests/unit/test_security.py)."""
+    def spill(self, folder: str, extra: Optional[list[DataProto]] = None, run: str = "") -> Optional[str]:
+        """Write every queued group (plus `extra`, groups taken but not trained on, first) to a new file in
+        `folder`, tagged with `run`; its path, or None when there was nothing to write. safetensors for the tensors
+        and JSON for the rest, so reading it back runs no pickle (tests/unit/test_security.py)."""
         with self._cond:
             groups = list(extra or []) + list(self._groups)
         if not groups:
             return None
-        os.makedirs(folder, exist_ok=True)
-        path = os.path.join(folder, f"samples_{time.strftime('%Y%m%d_%H%M%S')}_{os.getpid()}.safetensors")
         tensors = {f"{i}/{k}": t.detach().cpu().contiguous().clone() for i, g in enumerate(groups) for k, t in g.batch.items()}
         rest = [{"non_tensor_batch": {k: list(v) for k, v in g.non_tensor_batch.items()}, "meta_info": g.meta_info,
                  "batch_keys": list(g.batch)} for g in groups]
         lossy: set[str] = set()
         text = json.dumps(rest, default=lambda o: _jsonable(o, lossy))
         if lossy:  # written as their repr(): the file still holds every sample's tokens and versions
-            log.warning("async queue spill %s: values of type %s written as text", path, sorted(lossy))
-        save_file(tensors, path, metadata={"groups": text, "format": "hybridrl.async_queue/1"})
-        return path
+            log.warning("async queue spill into %s: values of type %s written as text", folder, sorted(lossy))
+        data = save(tensors, metadata={"groups": text, "format": SPILL_FORMAT, "run": run})
+        return write_new(folder, f"samples_{time.strftime('%Y%m%d_%H%M%S')}_{os.getpid()}", ".safetensors", data)
 
 
 def _jsonable(o: object, lossy: set[str]) -> object:
@@ -147,13 +161,30 @@ def _jsonable(o: object, lossy: set[str]) -> object:
 
 
 def load_spilled(path: str) -> list[DataProto]:
-    """The groups `SampleQueue.spill` wrote."""
-    with safe_open(path, "pt") as f:
-        groups = json.loads(f.metadata()["groups"])
-        tensors = {k: f.get_tensor(k) for k in f.keys()}
-    out = []
-    for i, g in enumerate(groups):
-        batch = {k: tensors[f"{i}/{k}"] for k in g["batch_keys"]}
-        non_tensor = {k: np.array(v + [None], dtype=object)[:-1] for k, v in g["non_tensor_batch"].items()}
-        out.append(DataProto(batch, non_tensor, g["meta_info"]))
-    return out
+    """The groups `SampleQueue.spill` wrote (SpillFileError naming the file if it is damaged)."""
+    return read_spill(path)[1]
+
+
+def read_spill(path: str) -> tuple[str, list[DataProto]]:
+    """(the run that wrote it, "" for files from before runs were recorded; its groups), whole or SpillFileError."""
+    try:
+        with safe_open(path, "pt") as f:
+            meta = f.metadata() or {}
+            if meta.get("format") != SPILL_FORMAT:
+                raise SpillFileError(f"format {meta.get('format')!r}, expected {SPILL_FORMAT!r}")
+            groups = json.loads(meta["groups"])
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+        out = []
+        for i, g in enumerate(groups):
+            batch = {k: tensors[f"{i}/{k}"] for k in g["batch_keys"]}
+            non_tensor = {k: np.array(v + [None], dtype=object)[:-1] for k, v in g["non_tensor_batch"].items()}
+            group = DataProto(batch, non_tensor, g["meta_info"])
+            rows = {len(v) for v in [*batch.values(), *non_tensor.values()]}
+            if len(rows) != 1 or len(set(non_tensor["uid"])) != 1 or VERSIONS_KEY not in batch:
+                raise SpillFileError(f"group {i} is not one prompt's rows with a uid and {VERSIONS_KEY}")
+            out.append(group)
+    except SpillFileError as e:
+        raise SpillFileError(f"{path}: damaged spill file: {e}") from None
+    except Exception as e:  # truncated or altered bytes, JSON or keys: safetensors and json raise many kinds
+        raise SpillFileError(f"{path}: damaged spill file ({type(e).__name__}: {e})") from e
+    return meta.get("run", ""), out

@@ -170,6 +170,10 @@ class RolloutEngine(ABC):
         """What the engine holds for a sent adapter tensor (its dtype; vLLM: B pre-scaled), for the sender's sums."""
         return tensor if self.weight_dtype is None else tensor.to(self.weight_dtype)
 
+    def adapters_as_held(self, bucket: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+        """adapter_as_held of a whole bucket (the same values); an engine may do it in a few kernels."""
+        return [(name, self.adapter_as_held(name, tensor)) for name, tensor in bucket]
+
     def wake_up(self, tags: Optional[list[str]] = None) -> None:
         """Re-allocate what `sleep` freed: tags None = all, or ["weights"] / ["kv_cache"]."""
 

@@ -9,7 +9,8 @@ The sync of one version (hybridrl.hybrid.adapter_sync): `load_adapter(bucket)` f
 `finish_adapter_sync(version)`, which fails if an adapter tensor was not sent and makes the version the one requests
 use; `adapter_checksums(names)` reads back what the engine holds. `adapter_as_held(name, t)` is what the engine
 holds for a sent tensor `t` (the vLLM engine stores B pre-scaled, hybridrl/rollout/vllm_lora.py), so the sender's
-checksums sum the same values.
+checksums sum the same values; `adapters_as_held(bucket)` is the same for a whole bucket (the sync's call: the vLLM
+engine does it in a few kernels, or none).
 
 TorchAdapters puts the adapters on a transformers model with forward hooks: the base weights keep their names, so the
 torch engine's load_weights, checksums and direct copy of the base are unchanged.

@@ -12,9 +12,20 @@ nothing worth offloading to host memory), `wake_up(["weights"])` re-allocates be
 `wake_up(["kv_cache"])` before generation. Captured CUDA graphs survive sleep: the sleep-mode allocator
 unmaps the memory but keeps its virtual addresses, and wake-up maps new memory at the same addresses.
 
-Start-up (what a user waits for, reported by `startup_times`): dummy-weight load, memory profiling,
+Start-up (what a user waits for, reported by `startup_times`): vLLM's import, dummy-weight load, memory profiling,
 torch.compile (cached across runs under vLLM's cache root, which defaults to the model cache) and CUDA-graph
-capture for the sizes `capture_sizes` fits to the largest batch this engine will see.
+capture for the sizes `capture_sizes` fits to the largest batch this engine will see. What keeps the second start
+of the same job on a machine short (vLLM 0.26, read from its source):
+- the compile cache: vLLM keys it by its environment (every VLLM_* variable but a listed few), the config's hash
+  (model path, dtype, max_model_len, parallel sizes, compilation config incl. the capture sizes; not the seed,
+  gpu_memory_utilization or kv_cache_memory_bytes) and the traced source files, and keeps it under
+  VLLM_CACHE_ROOT/torch_compile_cache (with torch >= 2.10 as an AOT artifact under torch_aot_compile/, inductor's
+  cache beside it). Nothing here varies per run: the root is fixed (default_cache_root), the capture sizes follow
+  the job's batch, and the worker's per-run TMPDIR is not where vLLM points inductor.
+- the KV-cache size (rollout.kv_cache_sizing): vLLM's memory profiling (a forward of max_num_batched_tokens, then
+  two CUDA graphs captured per mode for their memory) is skipped where kv_cache_memory_bytes is given; "remember"
+  lets vLLM store what it measured (VLLM_ENABLE_STARTUP_PLAN, under the cache root, keyed like the compile cache
+  plus the device) and give it back on later starts; "plan" gives the memory plan's size.
 """
 from __future__ import annotations
 
@@ -64,10 +75,14 @@ def capture_sizes(max_rows: Optional[int], max_num_seqs: int) -> Optional[list[i
 
 
 def llm_extra_kwargs(engine_kwargs: Optional[dict[str, Any]], *, record_routing: bool, moe: bool,
-                     cudagraph_capture_sizes: Optional[Sequence[int]], expert_parallel: bool = False) -> dict[str, Any]:
+                     cudagraph_capture_sizes: Optional[Sequence[int]], expert_parallel: bool = False,
+                     kv_cache_bytes: Optional[int] = None) -> dict[str, Any]:
     """vllm.LLM's keyword arguments beyond the ones every engine passes: the user's engine_kwargs.vllm, with our
-    defaults under them wherever the user set nothing (a user's own value always wins)."""
+    defaults under them wherever the user set nothing (a user's own value always wins). kv_cache_bytes: the KV
+    cache's size, given instead of measured (vLLM then skips its memory profiling)."""
     kwargs = dict(engine_kwargs or {})
+    if kv_cache_bytes:
+        kwargs.setdefault("kv_cache_memory_bytes", int(kv_cache_bytes))
     # NCCL for the replica's all-reduces: vLLM's custom all-reduce maps tp ranks to CUDA_VISIBLE_DEVICES
     # positions, which fails wherever a process does not see its peers' GPUs (a Ray actor restricted to its own
     # GPU, seen on 2 x H200).
@@ -94,6 +109,12 @@ def llm_extra_kwargs(engine_kwargs: Optional[dict[str, Any]], *, record_routing:
     return kwargs
 
 
+def startup_env(kv_cache_sizing: str) -> dict[str, str]:
+    """Environment variables the engine sets (where the user has not) before vLLM reads its environment: "remember"
+    turns on vLLM's persisted start-up plan (the measured KV-cache size, reused on later starts)."""
+    return {"VLLM_ENABLE_STARTUP_PLAN": "1"} if kv_cache_sizing == "remember" else {}
+
+
 def default_cache_root() -> str:
     """vLLM's cache root (torch.compile artifacts) beside hybridrl's model cache, unless VLLM_CACHE_ROOT is set:
     vLLM keys each compiled graph by config, code and model path, so a second run of the same job on this
@@ -111,16 +132,34 @@ class _StartupLog(logging.Handler):
     # message prefix -> (part, index of its seconds in the record's arguments); "torch.compile ..." comes in two
     # wordings (with or without the first profiling run folded in)
     MESSAGES = {"Model loading took": ("engine_load", 1), "torch.compile": ("engine_compile", 0),
-                "Graph capturing finished": ("engine_capture", 0)}
+                "Graph capturing finished": ("engine_capture", 0),
+                "Initial profiling/warmup run took": ("engine_profile_run", 0),  # the AOT path's first forward
+                "init engine (profile, create kv cache, warmup model) took": ("init_engine", 0)}
+    # vLLM's word that it took the KV-cache size from its persisted plan (no memory profiling this start)
+    PLAN_APPLIED = "Applying persisted startup plan"
 
     def __init__(self) -> None:
         super().__init__(level=logging.INFO)
         self.seconds: dict[str, float] = {}
+        self.plan_applied = False
 
     def emit(self, record: logging.LogRecord) -> None:
+        if not isinstance(record.msg, str):
+            return
+        if record.msg.startswith(self.PLAN_APPLIED):
+            self.plan_applied = True
         for prefix, (name, index) in self.MESSAGES.items():
-            if isinstance(record.msg, str) and record.msg.startswith(prefix) and len(record.args or ()) > index:
+            if record.msg.startswith(prefix) and len(record.args or ()) > index:
                 self.seconds[name] = self.seconds.get(name, 0.0) + float(record.args[index])
+
+    def parts(self) -> dict[str, float]:
+        """The parts as startup_times reports them: vLLM's "init engine" (profiling, KV cache, compile, warm-up,
+        capture) less the parts timed inside it is engine_warmup."""
+        out = {k: v for k, v in self.seconds.items() if k != "init_engine"}
+        if "init_engine" in self.seconds:
+            inside = sum(out.get(k, 0.0) for k in ("engine_compile", "engine_profile_run", "engine_capture"))
+            out["engine_warmup"] = max(0.0, self.seconds["init_engine"] - inside)
+        return out
 
 
 @ROLLOUT_ENGINES.register("vllm")
@@ -148,10 +187,15 @@ class VLLMRolloutEngine(RolloutEngine):
         record_routing: bool = False,
         per_request_seed: bool = True,
         expert_parallel: bool = False,
+        kv_cache_sizing: str = "profile",
+        kv_cache_bytes: Optional[int] = None,
     ) -> None:
         if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
             raise RuntimeError("VLLM_ENABLE_V1_MULTIPROCESSING must be 0 for the colocated engine (set before importing vllm)")
+        began = time.perf_counter()
         from vllm import LLM
+
+        self._import_seconds = time.perf_counter() - began
 
         self.tp_size = tp_size
         self.pad_token_id = pad_token_id
@@ -159,11 +203,13 @@ class VLLMRolloutEngine(RolloutEngine):
         kwargs = llm_extra_kwargs(engine_kwargs, record_routing=record_routing,
                                   moe=bool(_num_experts(_read_config(model_dir))),
                                   cudagraph_capture_sizes=None if enforce_eager else cudagraph_capture_sizes,
-                                  expert_parallel=expert_parallel)
+                                  expert_parallel=expert_parallel, kv_cache_bytes=kv_cache_bytes)
         self.record_routing = record_routing
         self.per_request_seed = per_request_seed
         # vLLM reads its environment once, when its first engine starts: the cache root must be set before
         os.environ.setdefault("VLLM_CACHE_ROOT", default_cache_root())
+        for name, value in startup_env(kv_cache_sizing).items():
+            os.environ.setdefault(name, value)
         self._startup = _StartupLog()
         vllm_log = logging.getLogger("vllm")
         vllm_log.addHandler(self._startup)
@@ -213,7 +259,8 @@ class VLLMRolloutEngine(RolloutEngine):
     def from_config(cls, model_dir: str, rollout_cfg: Any, *, tp_g: int, pad_token_id: int,
                     eos_token_ids: tuple[int, ...], max_model_len: int,
                     trust_remote_code: bool = False, load_format: str = "dummy",
-                    max_batch_rows: Optional[int] = None, **extra: Any) -> "VLLMRolloutEngine":
+                    max_batch_rows: Optional[int] = None, kv_cache_bytes: Optional[int] = None,
+                    **extra: Any) -> "VLLMRolloutEngine":
         """From actor_rollout_ref.rollout (its engine_kwargs.vllm pass through to vllm.LLM). max_batch_rows: the
         most sequences one generate call can hold (fits the CUDA-graph capture sizes; None: vLLM's list). `extra`:
         a subclass's own arguments (vllm_lora.VLLMLoraEngine: lora)."""
@@ -228,16 +275,22 @@ class VLLMRolloutEngine(RolloutEngine):
             cudagraph_capture_sizes=r.cudagraph_capture_sizes or capture_sizes(max_batch_rows, r.max_num_seqs),
             engine_kwargs=dict((r.engine_kwargs or {}).get("vllm", {}) or {}),
             record_routing=bool(getattr(r, "enable_rollout_routing_replay", False)),
-            per_request_seed=r.per_request_seed, expert_parallel=r.expert_parallel_size > 1, **extra,
+            per_request_seed=r.per_request_seed, expert_parallel=r.expert_parallel_size > 1,
+            kv_cache_sizing=getattr(r, "kv_cache_sizing", "profile"), kv_cache_bytes=kv_cache_bytes, **extra,
         )
 
     def startup_times(self) -> dict[str, float]:
-        """Seconds of this engine's start-up: engine_init (the whole vllm.LLM construction) and its parts
-        engine_load (dummy weights), engine_compile (torch.compile: loading it on a cache hit), engine_capture
-        (CUDA graphs) where vLLM reported them, and engine_other, the rest (model construction, memory
-        profiling, KV-cache allocation, warm-up)."""
-        out = {"engine_init": self._init_seconds, **self._startup.seconds}
-        out["engine_other"] = max(0.0, self._init_seconds - sum(v for k, v in out.items() if k != "engine_init"))
+        """Seconds of this engine's start-up: engine_init (vllm's import and the whole vllm.LLM construction) and
+        its parts engine_import, engine_load (dummy weights), engine_compile (torch.compile: loading it on a cache
+        hit), engine_profile_run, engine_capture (CUDA graphs) and engine_warmup (memory profiling, KV-cache
+        allocation, warm-up runs) where vLLM reported them, and engine_other, the rest (config, model
+        construction). engine_kv_from_plan: 1 where vLLM took the KV-cache size from its persisted plan (no
+        profiling this start), else 0."""
+        out = {"engine_import": self._import_seconds, **self._startup.parts()}
+        total = self._import_seconds + self._init_seconds
+        out["engine_other"] = max(0.0, total - sum(out.values()))
+        out["engine_init"] = total
+        out["engine_kv_from_plan"] = float(self._startup.plan_applied)
         return out
 
     # ------------------------------------------------------------------ generation

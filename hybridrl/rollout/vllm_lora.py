@@ -19,12 +19,14 @@ in_local], lora_b_stacked [slots, 1, out_local, max_rank] per packed member):
 Requests carry LoRARequest(name "hybridrl-v<version>", ADAPTER_ID): the id is registered, so vLLM never reads the
 placeholder path; the name changes with the version because vLLM's prefix cache keys blocks by it.
 
-Sleep: the base is loaded once, so the engine sleeps at level 1 (weights and the adapter slots to host memory and
-back, vLLM's own offload) instead of level 2, which would discard them; free_cache_engine=false keeps everything on
-the GPU (no host round trip, the KV cache stays allocated).
+Sleep: the base is loaded once, so it must survive the engine's sleep (level 2 would discard it). With `base_resident`
+(rollout.lora_base_resident, resolved by the memory plan: hybridrl.plan.estimate) the base and the adapter slots stay
+mapped on the GPU and the sleep frees the KV cache alone (vllm_kv_sleep.py): no copy of the base at any sleep or
+wake. Without it the engine sleeps at level 1, vLLM's own offload of the weights and slots to host memory and back
+(0.42 s + 0.49 s a step for the 7B on an H100). free_cache_engine=false keeps everything on the GPU, KV cache too.
 
 Invariant of the in-place path: nothing re-activates the registered LoRAModel (which keeps the first version's
-tensors) between syncs: one adapter in one slot, no LRU eviction, and level-1 sleep restores the slots as they were.
+tensors) between syncs: one adapter in one slot, no LRU eviction, and either sleep leaves the slots as they were.
 The checks read the slots back (`adapter_checksums`), so a re-activation would show at the next sync's check.
 """
 from __future__ import annotations
@@ -35,8 +37,12 @@ from typing import Any, Iterable, Optional
 
 import torch
 
+from hybridrl.utils.checksum import checksums
+from hybridrl.utils.device import synchronize
+
 from .lora import AdapterLoadError, RolloutLora, peft_module, peft_name
 from .vllm_engine import VLLMRolloutEngine
+from .vllm_kv_sleep import allocator_ops, set_kv_mapped
 from .vllm_weights import _vllm_name
 
 log = logging.getLogger(__name__)
@@ -46,6 +52,7 @@ VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vllm.config.lora.Max
 VLLM_MODULE = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "o_proj": "o_proj",
                "gate_proj": "gate_up_proj", "up_proj": "gate_up_proj", "down_proj": "down_proj"}
 BASE_LAYER = ".base_layer"
+B_WEIGHT = ".lora_B.weight"  # the end of a PEFT B tensor's name (rollout.lora.peft_name)
 
 
 def vllm_lora_kwargs(lora: RolloutLora) -> dict[str, Any]:
@@ -130,7 +137,7 @@ def write_places(pairs: list[tuple[_SlotPlace, torch.Tensor]]) -> None:
     for place, full in pairs:
         dsts, srcs = by_dtype.setdefault(full.dtype, ([], []))
         dsts.append(place.dst)
-        srcs.append(place.source(full))
+        srcs.append(full if place.dim is None else full.narrow(place.dim, place.start, place.length))  # place.source
         if place.scale != 1:
             by_scale.setdefault(place.scale, []).append(place.dst)
     for dsts, srcs in by_dtype.values():
@@ -210,18 +217,29 @@ def register(manager: Any, tensors: dict[str, torch.Tensor], lora: RolloutLora, 
     manager.activate_adapter(lora_id)
 
 
+def _after_kv_wake(worker: Any) -> None:
+    """What vLLM's worker does after mapping its KV cache back (gpu_worker.wake_up): a quantized KV cache is zeroed
+    and its scales reset."""
+    worker.model_runner.post_kv_cache_wake_up()
+
+
 # ------------------------------------------------------------------------------------------ the engine
 class VLLMLoraEngine(VLLMRolloutEngine):
     """The colocated vLLM engine with one LoRA adapter updated in place each step (module docstring)."""
 
     def __init__(self, model_dir: str, *, lora: RolloutLora, engine_kwargs: Optional[dict[str, Any]] = None,
-                 **kwargs: Any) -> None:
+                 base_resident: bool = False, **kwargs: Any) -> None:
+        """base_resident: the base stays on the GPU while the engine sleeps, only the KV cache is freed (module
+        docstring); false: vLLM's level-1 sleep."""
         user = dict(engine_kwargs or {})
         if user.get("fully_sharded_loras"):
             raise ValueError("actor_rollout_ref.rollout.engine_kwargs.vllm.fully_sharded_loras: the adapter sync "
                              "writes vLLM's default (partly sharded) LoRA layout only; drop it")
         super().__init__(model_dir, engine_kwargs={**user, **vllm_lora_kwargs(lora)}, **kwargs)
         self.lora = lora
+        self.base_resident = base_resident
+        self._kv_ops = allocator_ops() if base_resident else None  # a vLLM whose allocator differs fails here
+        self.sleeps = {"kv_only": 0, "level1": 0}  # how this engine slept so far (the GPU test reads it)
         self._wrapped: set[str] = self.llm.apply_model(wrapped_modules)[0]
         self._names: frozenset[str] = self.llm.apply_model(
             lambda model: adapter_names(model.lora_manager, lora.targets))[0]
@@ -241,22 +259,52 @@ class VLLMLoraEngine(VLLMRolloutEngine):
         return _BaseNames(model)
 
     def sleep(self, level: int = 1) -> None:
-        """Level 1 always: the base (and the adapter slots) must come back as they were, not be reloaded."""
-        super().sleep(level=1)
+        """The base (and the adapter slots) must come back as they were, not be reloaded: resident, only the KV cache
+        is freed; else level 1 always."""
+        if not self.base_resident:
+            super().sleep(level=1)
+            self.sleeps["level1"] += 1
+            return
+        if self._asleep:
+            return
+        if not self.llm.reset_prefix_cache():  # the KV is discarded: no block may be found by its hash again
+            raise RuntimeError("VLLMLoraEngine.sleep: vLLM refused to reset its prefix cache (requests still running)")
+        synchronize()  # nothing may still read the KV cache when its memory goes
+        allocator, unmap, create = self._kv_ops
+        set_kv_mapped(allocator, False, unmap, create)
+        torch.cuda.empty_cache()  # as vLLM's sleep: the generation's cached blocks go back too
+        self._asleep, self._kv_awake = True, False
+        self.sleeps["kv_only"] += 1
+
+    def wake_up(self, tags: Optional[list[str]] = None) -> None:
+        """Resident base: "weights" are awake already; "kv_cache" maps the KV cache back at its addresses."""
+        if not self.base_resident:
+            super().wake_up(tags)
+            return
+        if tags is None or "kv_cache" in tags:
+            allocator, unmap, create = self._kv_ops
+            if set_kv_mapped(allocator, True, unmap, create):
+                self.llm.collective_rpc(_after_kv_wake)
+            self._kv_awake = True
+        self._asleep = False
 
     # ------------------------------------------------------------------ the adapters
     def load_adapter(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         bucket = list(tensors)
-        for name, t in bucket:
-            if name not in self._names:
-                raise AdapterLoadError(f"load_adapter: {name!r} is no adapter of vLLM's LoRA modules (targets "
-                                       f"{list(self.lora.targets)}); e.g. {min(self._names)!r}")
-            if self._in_place and tuple(t.shape) != self._shapes[name]:
-                raise AdapterLoadError(f"load_adapter: {name!r} has shape {tuple(t.shape)}, the first version's was "
-                                       f"{self._shapes[name]}")
+        names = [name for name, _ in bucket]
+        if not self._names.issuperset(names):
+            name = next(n for n in names if n not in self._names)
+            raise AdapterLoadError(f"load_adapter: {name!r} is no adapter of vLLM's LoRA modules (targets "
+                                   f"{list(self.lora.targets)}); e.g. {min(self._names)!r}")
         if self._in_place:
-            write_places([(self._places[n], t) for n, t in bucket])
-            self._written.update(n for n, _ in bucket)
+            shapes = self._shapes
+            for name, t in bucket:
+                if t.shape != shapes[name]:  # torch.Size against the first version's tuple
+                    raise AdapterLoadError(f"load_adapter: {name!r} has shape {tuple(t.shape)}, the first version's "
+                                           f"was {shapes[name]}")
+            places = self._places
+            write_places([(places[n], t) for n, t in bucket])
+            self._written.update(names)
         else:  # the export may alias the actor's parameters: vLLM's loader scales B in place
             self._pending.update((n, t.detach().clone()) for n, t in bucket)
 
@@ -315,24 +363,40 @@ class VLLMLoraEngine(VLLMRolloutEngine):
         return held * self.lora.scaling if peft_module(name)[1] == "B" and self.lora.scaling != 1 else held
 
     @torch.no_grad()
+    def adapters_as_held(self, bucket: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+        """adapter_as_held's values for a bucket: nothing to do where the actor sends the LoRA dtype and the scaling is
+        1 (the 7B row), else a cast where the dtypes differ and one _foreach_mul for the B tensors (bitwise what
+        `held * scaling` gives: both multiply in float32 and round once)."""
+        dtype, scaling = self._dtype, self.lora.scaling
+        held = [(n, t if t.dtype == dtype else t.to(dtype)) for n, t in bucket]
+        if scaling == 1:
+            return held
+        at = [i for i, (n, _) in enumerate(held) if n.endswith(B_WEIGHT)]
+        for i, t in zip(at, torch._foreach_mul([held[i][1] for i in at], scaling)):
+            held[i] = (held[i][0], t)
+        return held
+
+    @torch.no_grad()
     def adapter_checksums(self, names: Iterable[str]) -> dict[str, float]:
         """Float64 sums of the slots' contents as vLLM holds them, over the replica's tp ranks."""
         wanted = list(names)
         if not wanted:
             return {}
-        if self._places is None or any(self._places.get(n) is None for n in wanted):
-            raise KeyError(f"adapter_checksums: no slot view for {[n for n in wanted if not (self._places or {}).get(n)][:3]}")
-        places = [self._places[n] for n in wanted]
-        local = torch.stack([p.dst.double().sum() for p in places])
+        known = self._places or {}
+        places = [known.get(n) for n in wanted]
+        if any(p is None for p in places):
+            raise KeyError(f"adapter_checksums: no slot view for {[n for n, p in zip(wanted, places) if p is None][:3]}")
+        local = checksums([p.dst for p in places])[0]  # a few kernels for the hundreds of slots, not two a slot
         if self.tp_size > 1:
             from .vllm_weights import _tp_group
 
             every = torch.empty(self.tp_size, len(places), dtype=local.dtype, device=local.device)
             torch.distributed.all_gather_into_tensor(every, local[None], group=_tp_group())
             local = every.sum(0)
-        totals = (local * torch.tensor([p.total_factor() for p in places], dtype=local.dtype,
-                                       device=local.device)).cpu().tolist()
-        return dict(zip(wanted, totals))
+        factors = [p.total_factor() for p in places]
+        if any(f != 1 for f in factors):  # a slot holds part of its tensor, or a copy of it (tp > 1)
+            local = local * torch.tensor(factors, dtype=local.dtype, device=local.device)
+        return dict(zip(wanted, local.cpu().tolist()))
 
     def _request_kwargs(self) -> dict[str, Any]:
         from vllm.lora.request import LoRARequest

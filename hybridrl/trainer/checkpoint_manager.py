@@ -35,6 +35,7 @@ import torch
 import yaml
 
 from hybridrl.config.loader import ConfigError, to_dict
+from hybridrl.utils.durable import atomic_write, fsync_dir, fsync_tree
 
 from .checkpoint_files import PRUNED, SENTINEL, file_manifest, first_damage
 from .tracking import redact
@@ -55,43 +56,6 @@ class CheckpointError(RuntimeError):
 
 
 # ------------------------------------------------------------------------------------------ atomic files
-def fsync_dir(path: str) -> None:
-    """Make a rename/creation inside `path` durable (POSIX: the entry lives in the directory)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: str, data: bytes) -> None:
-    """Write tmp, fsync, os.replace, fsync the folder: readers see the old or the new file, never half."""
-    folder = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    fsync_dir(folder)
-
-
-def fsync_tree(root: str) -> None:
-    """fsync every file and folder under root (part writers such as torch.save close but do not fsync)."""
-    for folder, _, files in os.walk(root):
-        for name in files:
-            fd = os.open(os.path.join(folder, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        fsync_dir(folder)
-
-
 # ------------------------------------------------------------------------------------------ state codec
 def encode_state(obj: Any, tensors: dict[str, torch.Tensor], path: str = "state") -> Any:
     """A JSON-able tree: tensors/arrays move to `tensors` (saved as safetensors) and leave a reference;

@@ -6,6 +6,7 @@ take the same decisions; only rank 0 writes logs, plots and the trainer state of
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import json
 import os
@@ -62,6 +63,7 @@ class Components:
     backend: str
     startup: StartupClock
     reward_model_group: Optional[WorkerGroup] = None  # reward_model.enable: the reward model's workers (actor's processes)
+    resumed_loader_state: Optional[dict] = None  # the loader state of the checkpoint resumed from (None: a fresh start)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -78,18 +80,33 @@ class Components:
         model_dir = materialize_hf_dir(model.path, model.gguf_file, weights=_actor_weights_read(run))
         check_model_fits_layout(run, model_dir)
         clock.lap("model")
-        tokenizer = load_tokenizer_for(model_dir, run)
-        train = create_rl_dataset(cfg.data.train_files, cfg.data, tokenizer, is_train=True)
-        val = create_rl_dataset(cfg.data.val_files, cfg.data, tokenizer, is_train=False)
-        train_loader = make_prompt_loader(train, cfg.data, is_train=True)
-        val_loader = make_prompt_loader(val, cfg.data, is_train=False)
+
+        def load_data() -> tuple:
+            began = time.perf_counter()
+            tokenizer = load_tokenizer_for(model_dir, run)
+            train = create_rl_dataset(cfg.data.train_files, cfg.data, tokenizer, is_train=True)
+            val = create_rl_dataset(cfg.data.val_files, cfg.data, tokenizer, is_train=False)
+            train_loader = make_prompt_loader(train, cfg.data, is_train=True)
+            val_loader = make_prompt_loader(val, cfg.data, is_train=False)
+            # DAPO's overlong buffer shapes validation scores too, as verl's DAPO recipe does
+            reward, val_reward = (with_overlong_buffer(
+                load_reward_fn(cfg.custom_reward_function, cfg.reward_model.reward_manager, tokenizer,
+                               reward_fn_key=cfg.data.reward_fn_key, num_examine=examine),
+                cfg.reward_model.overlong_buffer, cfg.data.max_response_length) for examine in (0, t.log_val_generations))
+            return tokenizer, train, val, train_loader, val_loader, reward, val_reward, time.perf_counter() - began
+
+        if t.backend == "ray":  # the data loads on a thread while Ray starts (both before the workers, which need both)
+            with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="hybridrl-data") as pool:
+                loading = pool.submit(load_data)
+                _init_ray(run)
+                clock.lap("ray_init")
+                tokenizer, train, val, train_loader, val_loader, reward, val_reward, data_s = loading.result()
+            clock.lap("data")  # what of the data Ray's start did not hide
+            clock.parts["data_background"] = data_s
+        else:
+            tokenizer, train, val, train_loader, val_loader, reward, val_reward, _ = load_data()
+            clock.lap("data")
         total = t.total_training_steps or len(train_loader) * t.total_epochs
-        # DAPO's overlong buffer shapes validation scores too, as verl's DAPO recipe does
-        reward, val_reward = (with_overlong_buffer(
-            load_reward_fn(cfg.custom_reward_function, cfg.reward_model.reward_manager, tokenizer,
-                           reward_fn_key=cfg.data.reward_fn_key, num_examine=examine),
-            cfg.reward_model.overlong_buffer, cfg.data.max_response_length) for examine in (0, t.log_val_generations))
-        clock.lap("data")
         actor, critic, rollout, rank0, rm = _spawn_groups(run, model_dir, total, max_rollout_rows(run, len(val)), clock)
         generation = ColocatedGeneration(actor) if rollout is None else SplitGeneration.connect(actor, rollout)
         reward, val_reward = (_model_rewards(run, r, tokenizer, rm, generation) for r in (reward, val_reward))
@@ -140,6 +157,7 @@ class Components:
         if self.critic_group is not None:
             self.critic_group.load_checkpoint(os.path.join(path, "critic"))
         self.train_loader.load_state_dict(state.dataloader)
+        self.resumed_loader_state = state.dataloader  # also what the fully async mode records there (spilled.py)
         if "value" in state.kl_ctrl:
             self.kl_ctrl.value = float(state.kl_ctrl["value"])
         restore_rng_state(state.rng)
@@ -314,7 +332,7 @@ def _spawn_groups(run: RunConfig, model_dir: str, total_steps: int, rollout_rows
                                                 Optional[tuple[WorkerGroup, str]]]:
     """(actor, critic or None, the split placement's rollout group or None, whether this process is rank 0,
     (reward model group, its folder) or None)."""
-    from hybridrl.controller import RoleSpec, init_ray, make_worker_group, spawn_colocated
+    from hybridrl.controller import RoleSpec, make_worker_group, spawn_colocated
     from hybridrl.utils.hf_model import materialize_hf_dir
     from hybridrl.workers import ActorRolloutRefWorker, CriticWorker
 
@@ -336,11 +354,9 @@ def _spawn_groups(run: RunConfig, model_dir: str, total_steps: int, rollout_rows
         from hybridrl.controller.runtime_env import cpus_per_process, joins_cluster
 
         ray_init = dict(cfg.ray_kwargs.ray_init)
-        processes = d.world_size + d.placement.rollout_world
-        num_cpus = ray_init.pop("num_cpus", None) or max(os.cpu_count() or 1, processes)
-        init_ray(num_cpus=num_cpus, **{k: v for k, v in ray_init.items() if v is not None})
-        clock.lap("ray_init")
+        num_cpus = _init_ray(run)  # Components.build started it beside the data; a no-op then
         joined = joins_cluster(ray_init.get("address"))
+        processes = d.world_size + d.placement.rollout_world
         per_process = 1.0 if use_gpu else cpus_per_process(num_cpus, processes, t.n_gpus_per_node, joined)
         pool = ResourcePool([t.n_gpus_per_node] * t.nnodes, use_gpu=use_gpu, num_cpus_per_process=per_process)
         groups = spawn_colocated(pool, roles, backend="ray", call_timeout_s=t.worker_timeout_s,
@@ -375,6 +391,18 @@ def _spawn_groups(run: RunConfig, model_dir: str, total_steps: int, rollout_rows
         reward_model.init_model()
         clock.lap("reward_model_build")
     return actor, critic, rollout, rank0, (reward_model, rm_dir) if reward_model is not None else None
+
+
+def _init_ray(run: RunConfig) -> int:
+    """Start (or join) Ray as ray_kwargs asks, unless this process already did; returns the CPUs it was given."""
+    from hybridrl.controller import init_ray
+
+    cfg, d = run.cfg, run.derived
+    ray_init = dict(cfg.ray_kwargs.ray_init)
+    num_cpus = ray_init.pop("num_cpus", None) or max(os.cpu_count() or 1, d.world_size + d.placement.rollout_world)
+    init_ray(num_cpus=num_cpus, connect_timeout_s=cfg.ray_kwargs.connect_timeout_s,
+             **{k: v for k, v in ray_init.items() if v is not None})
+    return num_cpus
 
 
 def _startup_report(run: RunConfig, model_dir: str, n_train: int, n_val: int, train: Any, total: int) -> str:

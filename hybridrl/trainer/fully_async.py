@@ -9,13 +9,15 @@ A window is verl's rollout_num = (1 + staleness_threshold) x sync_every x groups
 still queued or in flight from the last one. Versions count actor updates: the trainer's version at step t is t-1.
 
 When a rollout worker dies (or anything else fails here), the groups already finished are written to
-{default_local_dir}/{async_training.queue_samples_dir}/ and the error names the worker and the file.
+{default_local_dir}/{async_training.queue_samples_dir}/ and the error names the worker and the file; when the
+trainer stops early (a signal, trainer.max_time_s, an error of its own) the queued groups are written there too.
+A run resumed from a checkpoint trains those groups first, each exactly once (spilled.py says how).
 """
 from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING, Iterator, Optional
+from typing import TYPE_CHECKING, Callable, Iterator, Optional
 
 from hybridrl.config.async_checks import AsyncPlan
 from hybridrl.protocol import DataProto
@@ -23,6 +25,7 @@ from hybridrl.rollout.async_queue import SampleQueue, sample_lags, staleness_met
 
 from .batch_ops import agent_metrics
 from .dynamic_sampling import Rollout
+from .spilled import POSITION, SPILL_STATE, Carried, Pos, SpillLedger
 
 if TYPE_CHECKING:
     from .generation import SplitGeneration
@@ -36,11 +39,18 @@ class FullyAsyncStream:
     whose producers generate continuously."""
 
     def __init__(self, prompts: Iterator[DataProto], split: "SplitGeneration", sampler: "Sampler", plan: AsyncPlan, *,
-                 start_step: int, steps: int, spill_dir: str, call_timeout_s: float) -> None:
+                 start_step: int, steps: int, spill_dir: str, call_timeout_s: float, snapshot: Callable[[], dict],
+                 carried: Optional[Carried] = None) -> None:
         self.prompts, self.split, self.sampler, self.plan = prompts, split, sampler, plan
         self.rollout = split.rollout
         self.first, self.last = start_step + 1, start_step + steps
         self.spill_dir, self.call_timeout_s = spill_dir, call_timeout_s
+        # what a resumed run trains first (spilled.py); a fresh run starts a ledger of its own
+        self.carried = carried or Carried(SpillLedger.from_loader_state(None))
+        self.snapshot, self.ledger = snapshot, self.carried.ledger  # the loader's state; the spilled groups consumed
+        self._carried = self.carried.uids  # uid -> prompt position of the carried groups not consumed yet
+        self._positions: dict[str, Optional[Pos]] = {}  # uid -> prompt position, of groups handed out
+        self._trained = False  # the trainer saved after the batch last yielded, so it trained on it
         self.queue = SampleQueue(capacity=max(plan.window_groups * 2, plan.groups_per_step))
         self.replicas = self.rollout.world_size  # tp_g = 1 on the paths that run this (checked by the workers)
         self.submitted = 0
@@ -58,6 +68,9 @@ class FullyAsyncStream:
     def __iter__(self) -> Iterator[Rollout]:
         try:
             yield from self._steps()
+        except GeneratorExit:  # the trainer stopped before the last step: what is finished and untrained stays
+            self._spill_on_stop()
+            raise
         except Exception as e:
             noted = self._failed(e)
             if noted is e:
@@ -69,11 +82,12 @@ class FullyAsyncStream:
     def _steps(self) -> Iterator[Rollout]:
         if self.first > self.last:
             return
+        self.queue.preload(self.carried.groups)  # before any new group: they are the oldest
         self.rollout.start_continuous()
         pushed = self.split.push(self.first - 1)
         self._collector = threading.Thread(target=self._collect, name="async-collector", daemon=True)
         self._collector.start()
-        self._hand_out(self.plan.window_groups)
+        self._hand_out(self.plan.window_groups - self.queued_or_in_flight())
         last_yield = time.perf_counter()
         for step in range(self.first, self.last + 1):
             version = step - 1
@@ -89,28 +103,50 @@ class FullyAsyncStream:
             batch.meta_info = {"temperature": self.sampler.temperature, "step": step, "weight_version": version}
             start = time.perf_counter()
             batch = self.sampler.score(batch)
-            metrics = self._metrics(batch, version, dropped, wait_s, time.perf_counter() - last_yield, pushed)
+            metrics = self._metrics(batch, version, len(dropped), wait_s, time.perf_counter() - last_yield, pushed)
+            metrics.update(self._consume_carried(groups, dropped, step))
             pushed = {}
             timing = {"gen": wait_s, "reward": time.perf_counter() - start}
+            self._trained = False
             yield Rollout(batch, int(groups[0].meta_info.get("epoch", 0)), metrics, timing)
             self._taken = []
             last_yield = time.perf_counter()
 
-    def _take(self, version: int) -> tuple[list[DataProto], int]:
-        """groups_per_step groups within the bound, waiting for the producers; fewer only when no more can come."""
-        need, dropped_total = self.plan.groups_per_step, 0
+    def _take(self, version: int) -> tuple[list[DataProto], list[DataProto]]:
+        """groups_per_step groups within the bound, waiting for the producers; fewer only when no more can come.
+        Also the groups dropped on the way as too stale."""
+        need, dropped_all = self.plan.groups_per_step, []
         while len(self._taken) < need:
             self._raise_if_failed()
             got, dropped = self.queue.take(need - len(self._taken), version, self.plan.max_lag)
             self._taken += got
-            dropped_total += dropped
+            dropped_all += dropped
             if dropped:
-                self._hand_out(dropped)  # replace what the bound threw away
+                self._hand_out(len(dropped))  # replace what the bound threw away
             if len(self._taken) < need:
                 if self.exhausted and self.queued_or_in_flight() == 0:
                     break
                 self.queue.wait(0.05)
-        return self._taken, dropped_total
+        return self._taken, dropped_all
+
+    def _consume_carried(self, taken: list[DataProto], dropped: list[DataProto], step: int) -> dict[str, float]:
+        """Record the carried groups of this step (trained on, or dropped as stale) in the ledger; their counts."""
+        counts = {}
+        for name, groups in (("trained", taken), ("stale", dropped)):
+            uids = [str(g.non_tensor_batch["uid"][0]) for g in groups]
+            mine = [u for u in uids if u in self._carried]
+            for u in mine:
+                self.ledger.consumed[u] = self._carried.pop(u)
+            counts[name] = len(mine)
+        if counts["stale"]:
+            print(f"hybridrl: step {step}: {counts['stale']} sample group(s) read back from the spill files are more "
+                  f"than {self.plan.max_lag} updates old (the staleness bound) and are not trained on "
+                  "(fully_async/resume/spilled_stale)", flush=True)
+        if not (self.carried.groups or self.ledger.consumed):
+            return {}
+        return {"fully_async/resume/spilled_trained": float(counts["trained"]),
+                "fully_async/resume/spilled_stale": float(counts["stale"]),
+                "fully_async/resume/spilled_left": float(len(self._carried))}
 
     def queued_or_in_flight(self) -> int:
         return self.submitted - self.queue.received + len(self.queue)
@@ -121,13 +157,15 @@ class FullyAsyncStream:
         shares: list[list[DataProto]] = [[] for _ in range(self.replicas)]
         left = groups
         while left > 0 and not self.exhausted:
-            batch = self._leftover if self._leftover is not None else next(self.prompts, None)
-            if batch is None:
+            drawn = self._leftover if self._leftover is not None else self._draw()
+            if drawn is None:
                 self.exhausted = True
                 break
-            self._leftover = batch[left:] if len(batch) > left else None  # the next window starts with them
+            batch, where = drawn
+            self._leftover = (batch[left:], where[left:]) if len(batch) > left else None  # the next window's first
             # step: the one the stream started after (which trainer step takes a group is known only then)
             batch = self.sampler.prepare(batch[:left], self.first - 1, self._draws)
+            self._positions.update(zip(map(str, batch.non_tensor_batch["uid"]), where[:left]))
             self._draws += 1
             for i in range(len(batch)):
                 shares[self._next_replica].append(batch[i:i + 1])
@@ -137,6 +175,18 @@ class FullyAsyncStream:
         if any(shares):
             self.rollout.submit_prompts([DataProto.concat(s) if s else None for s in shares]).get(self.call_timeout_s)
 
+    def _draw(self) -> Optional[tuple[DataProto, list[Optional[Pos]]]]:
+        """The loader's next batch without the prompts that carried or consumed spilled groups answer (spilled.py),
+        and each row's position in the loader's order (None when the loader does not say)."""
+        for batch in self.prompts:
+            epoch, index = batch.meta_info.get("epoch"), batch.meta_info.get("batch_in_epoch")
+            if epoch is None or index is None:
+                return batch, [None] * len(batch)
+            keep = [r for r in range(len(batch)) if (int(epoch), int(index), r) not in self.carried.skip]
+            if keep:
+                return (batch if len(keep) == len(batch) else batch[keep]), [(int(epoch), int(index), r) for r in keep]
+        return None
+
     def _collect(self) -> None:
         """Collector thread: finished groups into the queue as soon as the workers have them."""
         try:
@@ -145,6 +195,8 @@ class FullyAsyncStream:
                 self.worker_stats = [stats for _, stats in results]
                 for groups, _ in results:
                     for group in groups:
+                        pos = self._positions.pop(str(group.non_tensor_batch["uid"][0]), None)
+                        group.meta_info[POSITION] = list(pos) if pos is not None else None
                         if not self.queue.put(group, self._stop):
                             return
         except BaseException as e:
@@ -182,7 +234,7 @@ class FullyAsyncStream:
     def _failed(self, error: Exception) -> Exception:
         """Write the finished groups out; the error with a note saying where (a worker's error keeps its class)."""
         try:
-            path = self.queue.spill(self.spill_dir, self._taken)
+            path = self.queue.spill(self.spill_dir, self._taken, run=self.ledger.run)
         except Exception as e:  # the original failure matters more
             note = f" (writing the {len(self.queue) + len(self._taken)} finished sample groups failed: {e})"
         else:
@@ -192,6 +244,19 @@ class FullyAsyncStream:
         if note:
             print(f"hybridrl: fully async training stopped by {type(error).__name__}{note}", flush=True)
         return error
+
+    def _spill_on_stop(self) -> None:
+        """The queued groups (and the last batch's, unless the trainer saved after training it) to a spill file."""
+        if self.first > self.last or self._collector is None:
+            return
+        try:
+            path = self.queue.spill(self.spill_dir, [] if self._trained else self._taken, run=self.ledger.run)
+        except Exception as e:  # stopping must go on
+            print(f"hybridrl: writing the finished sample groups at the stop failed: {type(e).__name__}: {e}", flush=True)
+            return
+        if path:
+            print(f"hybridrl: fully async: the finished sample groups not trained on were written to {path}; a run "
+                  "resumed from the last checkpoint trains them first", flush=True)
 
     def _shutdown(self) -> None:
         self._stop.set()
@@ -204,6 +269,9 @@ class FullyAsyncStream:
             except Exception as e:  # shutting down after a failure must not hide it
                 print(f"hybridrl: stopping the rollout producers raised {type(e).__name__}: {e}", flush=True)
 
-    def loader_state(self) -> Optional[dict]:
-        """Prompts in flight at a checkpoint are not generated again on resume (None: the loader's own state)."""
-        return None
+    def loader_state(self) -> dict:
+        """The loader's state and the spill ledger, for the checkpoint the trainer saves after training the batch
+        last yielded. Prompts in flight at a checkpoint are not generated again on resume; those finished by a
+        failure or a stop come back from the spill files."""
+        self._trained = True
+        return {**self.snapshot(), SPILL_STATE: self.ledger.state()}

@@ -57,12 +57,20 @@ def load_sft_run(argv: list[str]) -> SFTRun:
 
 def main(argv: Optional[list[str]] = None) -> dict:
     run = load_sft_run(sys.argv[1:] if argv is None else argv)
-    from hybridrl.data.readers import DataFileError
-    from hybridrl.trainer.checkpoint_manager import CheckpointError
-    from hybridrl.trainer.sft_trainer import run_sft  # heavy imports only once the config is valid
+    from hybridrl.trainer.stopping import StopSignals, exit_when_stopped
 
-    with user_errors("hybridrl sft", also=(CheckpointError, DataFileError, FileNotFoundError)):
-        return run_sft(run)
+    t = run.cfg.trainer
+    with StopSignals(t.stop_grace_s, ranks=t.backend == "local") as signals, exit_when_stopped(t):
+        # installed before the heavy imports: a signal during them stops the run when start-up ends
+        from hybridrl.data.readers import DataFileError
+        from hybridrl.trainer.checkpoint_manager import CheckpointError
+        from hybridrl.trainer.sft_trainer import run_sft  # heavy imports only once the config is valid
+
+        with user_errors("hybridrl sft", also=(CheckpointError, DataFileError, FileNotFoundError)):
+            result = run_sft(run, signals)
+    if result.get("stopped_by"):  # stopped and saved after a signal: not finished, as the shell's status says
+        raise SystemExit(128 + result["stopped_by"])
+    return result
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from typing import Any, Iterator, Optional
 from hybridrl.config import RunConfig
 from hybridrl.config.preflight import check_inputs
 from hybridrl.hybrid.checks import logprob_gap, routing_agreement
+from hybridrl.plan.device_check import check_memory
 from hybridrl.protocol import DataProto
 from hybridrl.utils import logs
 from hybridrl.utils.timing import timed
@@ -33,6 +34,7 @@ from .metrics import compute_data_metrics, compute_throughput_metrics, compute_t
 from .one_step_off import OneStepOffStream
 from .profiling import StepProfile
 from .run_folder import check_run_folder, clear_earlier_run
+from .spilled import Carried, SpillLedger, carry
 from .stopping import RunStopped, StopSignals
 
 ACTOR_HEALTH = ("actor/pg_loss", "actor/grad_norm")
@@ -54,6 +56,7 @@ class PPOTrainer:
         self.last_val: dict[str, float] = {}
         groups = [parts.actor_group, parts.critic_group, parts.rollout_group, parts.reward_model_group]
         self.profile = StepProfile.from_run(run, groups)  # global_profiler: None when off
+        self.carried: Optional[Carried] = None  # fully async, resumed: the spilled groups to train first
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict[str, float]:
@@ -75,7 +78,7 @@ class PPOTrainer:
             startup = {}
             out_of_time = t.max_time_s is not None and time.perf_counter() - began > t.max_time_s
             last = self.global_step == self.parts.total_steps or out_of_time
-            stopping = self.signals is not None and self.signals.requested  # a signal came: save, skip validation
+            stopping = self.signals is not None and self.signals.agreed()  # a signal came: save, skip validation
             if t.test_freq > 0 and not stopping and (self.global_step % t.test_freq == 0 or last):
                 self.last_val = self.validate()
                 self.first_val = self.first_val or self.last_val
@@ -107,6 +110,7 @@ class PPOTrainer:
         self.global_step = self.parts.resume()
         if self.global_step:
             self.parts.startup.lap("resume")
+            self.carried = self.read_spilled()  # before validation: a damaged file stops the run at once
         t = self.cfg.trainer
         if t.val_before_train or t.val_only:
             self.first_val = self.last_val = self.validate()
@@ -121,10 +125,9 @@ class PPOTrainer:
         prompts, steps = parts.prompt_batches(), max(parts.total_steps - start, 0)
         if placement.fully_async:
             assert isinstance(parts.generation, SplitGeneration), "fully async runs on rollout workers of their own"
-            t = self.cfg.trainer
-            spill = os.path.join(os.path.expanduser(t.default_local_dir), self.cfg.async_training.queue_samples_dir)
             return FullyAsyncStream(prompts, parts.generation, self.sampler, placement.fully_async, start_step=start,
-                                    steps=steps, spill_dir=spill, call_timeout_s=t.worker_timeout_s)
+                                    steps=steps, spill_dir=self.spill_dir(), call_timeout_s=self.cfg.trainer.worker_timeout_s,
+                                    snapshot=parts.train_loader.state_dict, carried=self.carried)
         if placement.one_step_off:
             return OneStepOffStream(prompts, self.sampler, start_step=start, steps=steps,
                                     snapshot=parts.train_loader.state_dict)
@@ -133,11 +136,29 @@ class PPOTrainer:
                              train_batch_size=self.cfg.data.train_batch_size,
                              filter_metric=fg.metric if fg.enable else None, max_num_gen_batches=fg.max_num_gen_batches)
 
+    def spill_dir(self) -> str:
+        return os.path.join(os.path.expanduser(self.cfg.trainer.default_local_dir),
+                            self.cfg.async_training.queue_samples_dir)
+
+    def read_spilled(self) -> Optional[Carried]:
+        """Fully async: the finished groups this run wrote to its spill folder before the checkpoint resumed from
+        was superseded, and not consumed by then (spilled.py); None in the other modes."""
+        plan = self.derived.placement.fully_async
+        if not plan:
+            return None
+        loader = self.parts.train_loader.state_dict()
+        ledger = SpillLedger.from_loader_state(self.parts.resumed_loader_state)
+        carried = carry(self.spill_dir(), ledger, (loader["epoch"], loader["position"]), self.global_step)
+        for line in carried.report(self.spill_dir(), self.global_step, plan.max_lag):
+            print(f"hybridrl: fully async resume: {line}", flush=True)
+        return carried
+
     def stopped_by_signal(self, saved: bool) -> None:
         signal.setitimer(signal.ITIMER_REAL, 0)  # the step is saved: the rest of the shut-down may take its time
         where = (f"saved it to {self.parts.ckpt.step_dir(self.global_step)} (trainer.resume_mode=auto continues)"
                  if saved else "nothing saved (trainer.save_freq=-1)")
-        print(f"hybridrl: stopped by {self.signals.name} after step {self.global_step}; {where}", flush=True)
+        if self.parts.is_rank0:
+            print(f"hybridrl: stopped by {self.signals.name} after step {self.global_step}; {where}", flush=True)
 
     def train_step(self, rollout: Rollout, step: int) -> dict[str, float]:
         timing = dict(rollout.timing)
@@ -282,16 +303,17 @@ def run_ppo(run: RunConfig) -> dict[str, Any]:
         print(done, flush=True)
         return {"before": {}, "after": {}, "steps": 0, "finished": done}
     check_inputs(run)  # model, tokenizer, data and reward files: seconds, before Ray and the workers start
+    check_memory(run)  # the memory plan against this machine's GPUs (trainer.memory_check)
     clear_earlier_run(run.cfg.trainer, rank=int(os.environ.get("RANK", "0")))  # only once all of that passed
-    # SIGTERM/SIGINT: stop after the step and save it (stopping.py); torchrun's ranks keep the default handlers
-    signals = StopSignals(run.cfg.trainer.stop_grace_s) if run.cfg.trainer.backend == "ray" else None
-    with signals or contextlib.nullcontext(), warnings_to_log_file(run.cfg.trainer):
+    # SIGTERM/SIGINT: stop after the step and save it (stopping.py); under torchrun the ranks agree on the step
+    signals = StopSignals(run.cfg.trainer.stop_grace_s, ranks=run.cfg.trainer.backend == "local")
+    with signals, warnings_to_log_file(run.cfg.trainer):
         parts = build_components(run, signals)
         try:
             trainer = PPOTrainer(run, parts, signals)
             final = trainer.fit()
             parts.finish(final)
             return {"before": trainer.first_val, "after": final, "steps": trainer.global_step,
-                    "stopped_by": signals.signum if signals is not None else None}
+                    "stopped_by": signals.signum}
         finally:
             parts.close()

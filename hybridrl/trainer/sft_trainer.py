@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import time
 from typing import Any, Iterator, Optional
 
@@ -22,6 +23,7 @@ from hybridrl.utils import logs
 
 from .checkpoint_manager import CheckpointManager, TrainerState, find_resume_path, load_trainer_state, restore_rng_state
 from .run_folder import check_run_folder, clear_earlier_run
+from .stopping import RunStopped, StopSignals
 from .tracking import Tracker
 
 HF_PART = "huggingface"
@@ -62,11 +64,14 @@ class SFTTrainer:
         self.global_step = 0
 
     # ------------------------------------------------------------------ the loop
-    def fit(self) -> dict[str, Any]:
+    def fit(self, signals: Optional[StopSignals] = None) -> dict[str, Any]:
+        """`signals`: SIGTERM/SIGINT stop the run after the step in flight, saved (stopping.py)."""
         self.global_step = self.resume()
         t = self.run.cfg.trainer
         first: dict[str, float] = {}
         metrics: dict[str, float] = {}
+        if signals is not None:
+            signals.training = True
         for batch in self.batches():
             self.global_step += 1
             start = time.perf_counter()
@@ -75,15 +80,24 @@ class SFTTrainer:
                             "timing_s/step": time.perf_counter() - start})
             first = first or dict(metrics)
             last = self.global_step == self.total_steps
-            if self.val_loader is not None and (last or t.test_freq > 0 and self.global_step % t.test_freq == 0):
+            stopping = signals is not None and signals.agreed()  # under torchrun: every rank, the same answer
+            if self.val_loader is not None and not stopping and (
+                    last or t.test_freq > 0 and self.global_step % t.test_freq == 0):
                 metrics["val/loss"] = self.validate()
-            if last or t.save_freq > 0 and self.global_step % t.save_freq == 0:
+            if last or stopping or t.save_freq > 0 and self.global_step % t.save_freq == 0:
                 metrics["timing_s/save_checkpoint"] = self.save(self.global_step)
             self.tracker.log(metrics, self.global_step)
+            if stopping:
+                signal.setitimer(signal.ITIMER_REAL, 0)  # saved: the rest of the shut-down may take its time
+                if self.rank0:
+                    print(f"hybridrl: stopped by {signals.name} after step {self.global_step}; saved it to "
+                          f"{self.ckpt.step_dir(self.global_step)} (trainer.resume_mode=auto continues)", flush=True)
+                break
             if last:
                 break
         return {"first": first, "last": metrics, "steps": self.global_step,
-                "hf_dir": os.path.join(self.ckpt.step_dir(self.global_step), HF_PART)}
+                "hf_dir": os.path.join(self.ckpt.step_dir(self.global_step), HF_PART),
+                "stopped_by": signals.signum if signals is not None and signals.requested else None}
 
     def batches(self) -> Iterator[Any]:
         """Training batches from where the loader stands, epochs rolling over, until the last step."""
@@ -159,7 +173,8 @@ def spawn_sft_group(run: SFTRun, model_dir: str, total_steps: int, tokenizer_dir
 
         ray_init = dict(run.cfg.ray_kwargs.get("ray_init") or {})
         num_cpus = ray_init.pop("num_cpus", None) or max(os.cpu_count() or 1, run.derived.world_size)
-        init_ray(num_cpus=num_cpus, **{k: v for k, v in ray_init.items() if v is not None})
+        init_ray(num_cpus=num_cpus, connect_timeout_s=float(run.cfg.ray_kwargs.get("connect_timeout_s", 30.0)),
+                 **{k: v for k, v in ray_init.items() if v is not None})
         per_process = 1.0 if use_gpu else min(1.0, num_cpus / run.derived.world_size)
         pool = ResourcePool([t.n_gpus_per_node] * t.nnodes, use_gpu=use_gpu, num_cpus_per_process=per_process)
     group = make_worker_group(t.backend, SFTWorker, (run, model_dir, total_steps, tokenizer_dir), role="sft",
@@ -169,20 +184,32 @@ def spawn_sft_group(run: SFTRun, model_dir: str, total_steps: int, tokenizer_dir
     return group
 
 
-def run_sft(run: SFTRun) -> dict[str, Any]:
+def run_sft(run: SFTRun, signals: Optional[StopSignals] = None) -> dict[str, Any]:
     """Train from the validated config and shut down cleanly (also on errors). {"finished": message} without
-    starting anything when trainer.default_local_dir holds this run already finished."""
+    starting anything when trainer.default_local_dir holds this run already finished. `signals` (main_sft installs
+    them): a signal stops the run after the step in flight and saves it ("stopped_by": the signal), or, during
+    start-up, once start-up ends (RunStopped)."""
     logs.setup()
     done = check_run_folder(run.cfg.trainer)
     if done:
         print(done, flush=True)
         return {"finished": done, "steps": 0}
     clear_earlier_run(run.cfg.trainer, rank=int(os.environ.get("RANK", "0")))
-    trainer = SFTTrainer(run)
     try:
-        result = trainer.fit()
+        trainer = SFTTrainer(run)
+    except SystemExit as e:  # ray.init's own SIGTERM handler (trainer.backend=ray) exits during start-up
+        if signals is not None and e.code == signal.SIGTERM:
+            raise RunStopped(signal.SIGTERM, "before training started") from None
+        raise
+    try:
+        if signals is not None:
+            signals.install()  # again: ray.init replaced the SIGTERM handler
+            signals.raise_if_requested()  # under torchrun the ranks agree first
+        result = trainer.fit(signals)
     finally:
         trainer.close()
+    if result["stopped_by"]:
+        return result
     if trainer.rank0:
         first, last = result["first"], result["last"]
         print(f"hybridrl sft: {result['steps']} steps, train/loss {first.get('train/loss', float('nan')):.4f} -> "

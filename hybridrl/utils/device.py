@@ -39,7 +39,9 @@ def device_name() -> str:
 
 @contextmanager
 def train_peak_memory() -> Iterator[dict[str, int]]:
-    """Peak bytes in use on this device during the block, filled in on exit ({} on CPU).
+    """Peak bytes in use on this device during the block, filled in on exit ({} on CPU): "bytes" the peak,
+    "held" the caching allocator's memory in no live tensor at the block's start that empty_cache could not return
+    (segments a live block pins: fragmentation, part of "bytes" and of no `hybridrl plan` component).
 
     torch's own peak counters also count a slept vLLM pool (unmapped, not resident), so the peak is the
     memory resident when the block starts plus the block's own rise in allocated bytes above that."""
@@ -49,6 +51,17 @@ def train_peak_memory() -> Iterator[dict[str, int]]:
         return
     resident = device_memory_used()
     base = torch.cuda.memory_allocated()
+    held = torch.cuda.memory_reserved() - base
     torch.cuda.reset_peak_memory_stats()
     yield out
     out["bytes"] = resident + torch.cuda.max_memory_allocated() - base
+    out["held"] = held
+
+
+def peak_metrics(phase: str, peak: dict[str, int]) -> dict[str, float]:
+    """memory/{phase}_peak_bytes (what `hybridrl plan`'s phase is compared with) and memory/{phase}_cache_held_bytes
+    of a train_peak_memory block ({} on CPU)."""
+    out = {f"memory/{phase}_peak_bytes": float(peak["bytes"])} if peak else {}
+    if "held" in peak:
+        out[f"memory/{phase}_cache_held_bytes"] = float(peak["held"])
+    return out

@@ -79,3 +79,40 @@ def route_warnings(path: str) -> None:
 
     show._hybridrl_file, show._hybridrl_console = path, console
     warnings.showwarning = show
+
+
+# Ray's own driver lines (its "ray" logger) of a run go to this file beside warnings.log: route_ray_lines.
+RAY_LOG_NAME = "ray.log"
+_ray_routing: list = []  # (our file handler, [(a console handler of Ray's, its level before)])
+
+
+def ray_log_path() -> str | None:
+    """The run's file for Ray's own lines: ray.log beside the run's warnings.log; None outside a trainer run."""
+    warnings_file = os.environ.get(WARNINGS_ENV)
+    return os.path.join(os.path.dirname(warnings_file), RAY_LOG_NAME) if warnings_file else None
+
+
+def route_ray_lines(path: str) -> None:
+    """Ray's own log lines in this process (the "ray" logger's: its token-authentication warning, "Started a local
+    Ray instance", the dashboard address) are appended to `path`; its errors go there and stay on the console. Ray
+    configures that logger when imported (one stderr handler, no propagation); ray.init(configure_logging=True) only
+    sets its level and formats, so the handlers set here hold through ray.init. unroute_ray_lines undoes it."""
+    unroute_ray_lines()
+    ray_logger = logging.getLogger("ray")
+    handler = logging.FileHandler(path, delay=True)
+    handler.setFormatter(logging.Formatter("%(asctime)s\t%(levelname)s %(filename)s:%(lineno)s -- %(message)s"))
+    consoles = [(h, h.level) for h in ray_logger.handlers]
+    for h, level in consoles:
+        h.setLevel(max(level, logging.ERROR))
+    ray_logger.addHandler(handler)
+    _ray_routing.append((handler, consoles))
+
+
+def unroute_ray_lines() -> None:
+    ray_logger = logging.getLogger("ray")
+    while _ray_routing:
+        handler, consoles = _ray_routing.pop()
+        ray_logger.removeHandler(handler)
+        handler.close()
+        for h, level in consoles:
+            h.setLevel(level)

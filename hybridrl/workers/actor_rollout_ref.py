@@ -18,7 +18,8 @@ from typing import Any, Optional
 from hybridrl.config import RunConfig
 from hybridrl.controller import Dispatch, Worker, register, register_mesh_dispatch_mode
 from hybridrl.protocol import DataProto
-from hybridrl.utils.device import device_memory_used, train_peak_memory
+from hybridrl.trainer.startup import engine_parts
+from hybridrl.utils.device import device_memory_used, peak_metrics, train_peak_memory
 from hybridrl.utils.imports import load_object
 from hybridrl.utils.net import free_port
 from hybridrl.utils.timing import timed
@@ -29,6 +30,7 @@ from .common import (
     load_tokenizer_for,
     offload_flags,
     onloaded,
+    planned_kv_cache_bytes,
     sampling_for,
     setup_process,
 )
@@ -87,10 +89,11 @@ class ActorRolloutRefWorker(Worker):
 
         run, d = self.run, self.run.derived
         ara = run.cfg.actor_rollout_ref
-        device = setup_process(self, run)
-        model = dataclasses.replace(ara.model, path=self.model_dir)
         start = time.perf_counter()
         times: dict[str, float] = {}
+        with timed(times, "process_group"):
+            device = setup_process(self, run)
+        model = dataclasses.replace(ara.model, path=self.model_dir)
         with timed(times, "actor_build"):
             self.actor = _actor_class(run)(model, ara.actor, d.actor, d.actor_batch,
                                            total_training_steps=self.total_training_steps)
@@ -106,6 +109,7 @@ class ActorRolloutRefWorker(Worker):
         if d.placement.split:  # the rollout has its own workers (rollout.py); weights go by broadcast
             info = self.actor.dispatch_info()
             self.set_dispatch_info(info.dp_rank, info.dp_size, info.is_collect)
+            times.update(self.actor.startup_times())
             return {"rank": self.rank, "seconds": time.perf_counter() - start, "startup": times}
         tokenizer = load_tokenizer_for(self.model_dir, run)
         self.agent = build_agent(run, tokenizer)
@@ -114,11 +118,12 @@ class ActorRolloutRefWorker(Worker):
         self._declare_meshes()
         # The engine measures free memory when it starts: give it the memory training state holds.
         self.actor.offload(params=True, grads=True, optimizer=True)
-        times.update(self.actor.startup_times())  # what pinning the host arenas cost, and what of it start-up waited
+        times.update(self.actor.startup_times())  # its build's parts; what pinning the host arenas cost, and what of it start-up waited
         before = device_memory_used()
-        with timed(times, "engine_init"):
-            self.engine = build_rollout_engine(run, self.model_dir, hf_config, tokenizer, device, self.max_rollout_rows)
-        times.update(self.engine.startup_times())
+        began = time.perf_counter()
+        self.engine = build_rollout_engine(run, self.model_dir, hf_config, tokenizer, device, self.max_rollout_rows,
+                                           kv_cache_bytes=planned_kv_cache_bytes(run, hf_config, device))
+        times.update(engine_parts(time.perf_counter() - began, self.engine.startup_times()))
         awake = device_memory_used()
         self.engine.sleep()
         asleep = device_memory_used()
@@ -197,7 +202,7 @@ class ActorRolloutRefWorker(Worker):
             out = self.ref.compute_log_prob(data, calculate_entropy=False)
         result = DataProto.from_dict({"ref_log_prob": out.batch["log_probs"]})
         if peak:
-            result.meta_info["metrics"] = {"memory/ref_peak_bytes": float(peak["bytes"])}
+            result.meta_info["metrics"] = peak_metrics("ref", peak)
         return result
 
     @register(Dispatch.MESH_COMPUTE_PROTO)
@@ -208,8 +213,7 @@ class ActorRolloutRefWorker(Worker):
         if self.sync is not None:  # optimizer_offload: the state starts for the host beside what follows
             self.sync.after_update()
         metrics["timing_s/update_actor_worker"] = time.perf_counter() - start
-        if peak:
-            metrics["memory/train_peak_bytes"] = float(peak["bytes"])
+        metrics.update(peak_metrics("train", peak))
         return DataProto(meta_info={"metrics": metrics})
 
     # ------------------------------------------------------------------ split placement: weights by broadcast

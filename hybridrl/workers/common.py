@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 import os
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import torch
 
@@ -84,7 +84,7 @@ def offload_flags(megatron_cfg: Any) -> dict[str, bool]:
 
 
 def build_rollout_engine(run: RunConfig, model_dir: str, hf_config: Any, tokenizer: Any, device: torch.device,
-                         max_batch_rows: Any) -> Any:
+                         max_batch_rows: Any, kv_cache_bytes: Optional[int] = None) -> Any:
     """The rollout engine of this process (colocated with the actor or on its own GPU), from the job's config. The
     colocated engine takes LoRA adapters apart from the base (lora_rank > 0, lora.merge false: RolloutLora); a split
     placement's engines take broadcast full weights (validation requires lora.merge there)."""
@@ -92,8 +92,59 @@ def build_rollout_engine(run: RunConfig, model_dir: str, hf_config: Any, tokeniz
     from hybridrl.rollout.factory import build_engine
 
     ara, d = run.cfg.actor_rollout_ref, run.derived
+    lora = None if d.placement.split else rollout_lora(ara.model)
     return build_engine(d.rollout.engine, model_dir, ara.rollout, tp_g=d.rollout.tp, tokenizer=tokenizer,
                         hf_config=hf_config, device=device, trust_remote_code=ara.model.trust_remote_code,
                         max_model_len=run.cfg.data.max_prompt_length + run.cfg.data.max_response_length,
-                        max_batch_rows=max_batch_rows,
-                        lora=None if d.placement.split else rollout_lora(ara.model))
+                        max_batch_rows=max_batch_rows, lora=lora,
+                        lora_base_resident=lora is not None and lora_base_resident(run, hf_config, device),
+                        kv_cache_bytes=kv_cache_bytes)
+
+
+def planned_kv_cache_bytes(run: RunConfig, hf_config: Any, device: torch.device,
+                           gpu_memory_bytes: Optional[int] = None) -> Optional[int]:
+    """rollout.kv_cache_sizing=plan on a GPU with vLLM: the KV-cache bytes `hybridrl plan` gives a GPU of
+    `gpu_memory_bytes` (default: this device's), which the engine passes as vLLM's kv_cache_memory_bytes so that vLLM
+    skips its memory profiling; None otherwise, or where the plan cannot read the model or leaves no room."""
+    r = run.cfg.actor_rollout_ref.rollout
+    if device.type != "cuda" or run.derived.rollout.engine != "vllm" or r.kv_cache_sizing != "plan":
+        return None
+    from hybridrl.plan.estimate import estimate
+    from hybridrl.plan.model_shape import from_hf_config
+
+    config = hf_config.to_dict() if hasattr(hf_config, "to_dict") else hf_config
+    try:
+        total = gpu_memory_bytes or torch.cuda.get_device_properties(device).total_memory
+        plan = estimate(run, from_hf_config(config), total)
+    except Exception as e:  # a shape the plan cannot read: vLLM measures, as with kv_cache_sizing=profile
+        log.warning("rollout.kv_cache_sizing=plan: no memory plan for this model (%s); vLLM measures the KV cache", e)
+        return None
+    if plan.kv_cache is None or plan.kv_cache.bytes <= 0:
+        log.warning("rollout.kv_cache_sizing=plan: the plan leaves no KV cache on this GPU; vLLM measures it")
+        return None
+    log.info("rollout.kv_cache_sizing=plan: a KV cache of %.2f GiB (%d tokens) from the memory plan, no profiling",
+             plan.kv_cache.bytes / 2**30, plan.kv_cache.tokens)
+    return int(plan.kv_cache.bytes)
+
+
+def lora_base_resident(run: RunConfig, hf_config: Any, device: torch.device) -> bool:
+    """rollout.lora_base_resident resolved as `hybridrl plan` resolves it on this GPU (auto: the base stays on the GPU
+    where every phase fits with it; hybridrl.plan.estimate.estimate). A shape the plan cannot read: level-1 sleep."""
+    from hybridrl.config.lora_checks import base_resident_mode
+    from hybridrl.plan.estimate import estimate
+    from hybridrl.plan.model_shape import from_hf_config
+
+    mode = base_resident_mode(run.cfg.actor_rollout_ref.rollout.lora_base_resident)
+    if device.type != "cuda" or mode is not None:
+        return bool(mode)
+    config = hf_config.to_dict() if hasattr(hf_config, "to_dict") else hf_config
+    try:
+        plan = estimate(run, from_hf_config(config), torch.cuda.get_device_properties(device).total_memory)
+    except Exception as e:  # a shape the plan cannot read: vLLM's level-1 sleep, as before the key existed
+        log.warning("rollout.lora_base_resident=auto: no memory plan for this model (%s); the LoRA base goes to host "
+                    "memory at every sleep", e)
+        return False
+    for note in plan.notes:
+        if note.startswith("LoRA:"):
+            log.info("%s", note)
+    return plan.rollout_base_resident

@@ -49,11 +49,11 @@ class RewardModelWorker(Worker):
     @register(Dispatch.MESH_COMPUTE_PROTO)
     def compute_rm_score(self, data: DataProto) -> DataProto:
         """input_ids/attention_mask [B, T] in the reward model's tokens -> rm_score [B]."""
-        from hybridrl.utils.device import train_peak_memory
+        from hybridrl.utils.device import peak_metrics, train_peak_memory
 
         # the peak counts the onloaded weights too (`hybridrl plan`'s reward phase); {} on CPU
         with train_peak_memory() as peak, onloaded(self.model, params=self._offload_params, grads=False, optimizer=False):
             out = self.model.compute_scores(data)
         if peak:
-            out.meta_info["metrics"] = {"memory/reward_peak_bytes": float(peak["bytes"])}
+            out.meta_info["metrics"] = peak_metrics("reward", peak)
         return out

@@ -19,10 +19,17 @@ from typing import Any, Optional
 from hybridrl.config import RunConfig
 from hybridrl.controller import Dispatch, Worker, register
 from hybridrl.protocol import DataProto
-from hybridrl.utils.timing import timed
+from hybridrl.trainer.startup import engine_parts
 
 from .actor_rollout_ref import ROLLOUT_COMPUTE_PROTO, ROLLOUT_MESH
-from .common import build_agent, build_rollout_engine, load_tokenizer_for, sampling_for, setup_process
+from .common import (
+    build_agent,
+    build_rollout_engine,
+    load_tokenizer_for,
+    planned_kv_cache_bytes,
+    sampling_for,
+    setup_process,
+)
 
 
 class RolloutWorker(Worker):
@@ -48,9 +55,10 @@ class RolloutWorker(Worker):
         hf_config = AutoConfig.from_pretrained(self.model_dir, trust_remote_code=ara.model.trust_remote_code,
                                                **ara.model.override_config)
         tokenizer = load_tokenizer_for(self.model_dir, run)
-        with timed(times, "engine_init"):
-            self.engine = build_rollout_engine(run, self.model_dir, hf_config, tokenizer, device, self.max_rollout_rows)
-        times.update(self.engine.startup_times())
+        began = time.perf_counter()
+        self.engine = build_rollout_engine(run, self.model_dir, hf_config, tokenizer, device, self.max_rollout_rows,
+                                           kv_cache_bytes=planned_kv_cache_bytes(run, hf_config, device))
+        times.update(engine_parts(time.perf_counter() - began, self.engine.startup_times()))
         self.engine.sleep()  # no weights yet: the first broadcast wakes it
         self.agent = build_agent(run, tokenizer)
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

@@ -1,7 +1,8 @@
 """The cross-GPU direct copy (hybridrl.hybrid.remote) over gloo: a tiny random Qwen2 (tied embeddings, qkv bias)
 goes HF safetensors -> MegatronActor on 4 ranks in tp2 x dp2 (rollout tp_g1 x dp_g4), pp2 x dp2 (tp_g2 and
 tp_g1) and tp2 x pp2 (tp_g2) -> WeightSync -> the torch rollout engine, which holds the full model on every rank,
-so every layout needs pieces that other ranks hold. One torchrun launch (tests/dist/hybrid_helpers/cross_run.py);
+so every layout needs pieces that other ranks hold. One torchrun launch (tests/dist/hybrid_helpers/cross_run.py, run by
+hybrid_run.py together with test_hybrid_reshard.py's driver: tests/dist/conftest.py);
 after a PPO update the second sync of each WeightSync must:
   * leave the engine's weights bitwise equal to the actor's bucketed export of the trained weights (full HF
     tensors through the tp all-gathers and pp broadcasts: a path the cross copy does not use);
@@ -13,53 +14,32 @@ direct_weight_copy=false every weight streams through the export again.
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-from transformers import Qwen2Config
 
-from tests.dist.test_hybrid_reshard import save_tiny
-
-REPO = Path(__file__).resolve().parents[2]
-HELPERS = Path(__file__).parent / "hybrid_helpers"
-WORLD = 4
 TIMEOUT_S = 180
 BUCKET_BYTES = 48 * 1024  # cross_run.BUCKET_BYTES
-ROWS = [(2, 1, 1), (1, 2, 2), (1, 2, 1), (2, 2, 2)]  # (tp, pp, tp_g), as cross_run.LAYOUTS runs them
+# (tp, pp, tp_g, zero copy), as cross_run.LAYOUTS runs them
+ROWS = [(2, 1, 1, True), (2, 1, 1, False), (1, 2, 2, True), (1, 2, 1, False), (2, 2, 2, True)]
 
 pytestmark = pytest.mark.dist
 
 
 @pytest.fixture(scope="module")
-def reports(tmp_path_factory) -> list[list[dict]]:
-    root = tmp_path_factory.mktemp("cross")
-    common = dict(vocab_size=160, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=64, eos_token_id=1, pad_token_id=0,
-                  initializer_range=0.1)
-    hf_dir = save_tiny(root / "qwen2", Qwen2Config(tie_word_embeddings=True, use_sliding_window=False, **common))
-    out = root / "out"
-    out.mkdir()
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={WORLD}", "--standalone",
-           str(HELPERS / "cross_run.py"), str(out), hf_dir]
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(REPO), str(HELPERS), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-6000:]
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
+def reports(hybrid_reports) -> list[list[dict]]:
+    """cross_run.py's per-rank reports on a tiny random Qwen2 (tied embeddings, qkv bias; tests/dist/conftest.py runs
+    it in one torchrun launch with test_hybrid_reshard.py's driver, on that test's Qwen2 folder)."""
+    return hybrid_reports["cross"]
 
 
 def where(rank: int, r: dict) -> str:
-    return f"rank {rank}: tp={r['tp']} pp={r['pp']} dp={r['dp']} -> tp_g={r['tp_g']}"
+    how = "view to view" if r["zero_copy"] else "staged"
+    return f"rank {rank}: tp={r['tp']} pp={r['pp']} dp={r['dp']} -> tp_g={r['tp_g']} ({how})"
 
 
 @pytest.mark.timeout(TIMEOUT_S + 60)
 def test_after_an_update_the_engine_equals_the_export_bitwise_through_the_cross_gpu_copy(reports):
     for rank, runs in enumerate(reports):
-        assert [(r["tp"], r["pp"], r["tp_g"]) for r in runs] == ROWS
+        assert [(r["tp"], r["pp"], r["tp_g"], r["zero_copy"]) for r in runs] == ROWS
         for r in runs:
             m = r["metrics"]
             assert r["update_applied"] == 1.0, where(rank, r)
@@ -71,11 +51,19 @@ def test_after_an_update_the_engine_equals_the_export_bitwise_through_the_cross_
             # stage's layers; never the whole model, never nothing
             assert 0.3 * m["reshard/bytes"] < m["reshard/remote_bytes"] < 0.85 * m["reshard/bytes"], where(rank, r)
             assert r["first_metrics"]["reshard/remote_bytes"] == 0, where(rank, r)  # the proof sync streams
-            # two staging buffers take turns (a round's copies overlap the other's messages), each within the bucket
-            # (half of it a round, unless one piece alone is larger); three rounds or more, so a buffer is reused
-            # after its round landed
-            assert 0 < m["reshard/remote_staging_bytes"] <= 2 * BUCKET_BYTES, where(rank, r)
-            assert m["reshard/remote_rounds"] >= 3, where(rank, r)
+            if r["zero_copy"]:
+                # fp32 on both ends, contiguous views: most pieces go from the actor's storage into the engine's;
+                # whatever remains is staged within the bucket
+                assert 0.5 * m["reshard/remote_bytes"] <= m["reshard/remote_zero_copy_bytes"], where(rank, r)
+                assert m["reshard/remote_zero_copy_bytes"] <= m["reshard/remote_bytes"], where(rank, r)
+                assert m["reshard/remote_staging_bytes"] <= 2 * BUCKET_BYTES, where(rank, r)
+            else:
+                # two staging buffers take turns (a round's copies overlap the other's messages), each within the
+                # bucket (half of it a round, unless one piece alone is larger); three rounds or more, so a buffer
+                # is reused after its round landed
+                assert m["reshard/remote_zero_copy_bytes"] == 0, where(rank, r)
+                assert 0 < m["reshard/remote_staging_bytes"] <= 2 * BUCKET_BYTES, where(rank, r)
+                assert m["reshard/remote_rounds"] >= 3, where(rank, r)
             assert m["sync_check/remote_checked"] > 0 and m["sync_check/direct_checked"] > 0, where(rank, r)
             assert m["sync_check/tensors_checked"] == 0, where(rank, r)  # nothing went through the export's check
             assert r["remote_names"], where(rank, r)

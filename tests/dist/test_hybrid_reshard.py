@@ -2,7 +2,8 @@
 HF safetensors -> MegatronActor (tp, pp) = (2,1), (1,2), (2,2) on 4 ranks -> WeightSync -> torch
 rollout engine for tp_g = 1 and 2; a tiny Qwen3-MoE (8 experts, top-2) the same way from (tp, ep) = (1, 2)
 and (2, 2), its experts gathered over etp and ep ranks into the engine's fused expert weights. One
-torchrun launch; every rank reports, the test checks:
+torchrun launch (hybrid_helpers/reshard_run.py, run by hybrid_run.py together with test_cross_copy.py's driver:
+tests/dist/conftest.py); every rank reports, the test checks:
   * every streamed tensor equals the HF tensor bitwise; nothing missing, nothing twice; at the second
     sync every weight is copied directly (proven at the first): this rank's pieces in place, the others from
     the ranks that hold them (the cross-GPU copy, tests/dist/test_cross_copy.py checks it in depth);
@@ -13,18 +14,12 @@ torchrun launch; every rank reports, the test checks:
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3MoeConfig
 
-REPO = Path(__file__).resolve().parents[2]
-HELPERS = Path(__file__).parent / "hybrid_helpers"
 WORLD = 4
 TIMEOUT_S = 240
 
@@ -56,18 +51,10 @@ RUNS_PER_RANK = (2 * 3 + 2) * 3  # (dense models x layouts + MoE layouts) x (tp_
 
 
 @pytest.fixture(scope="module")
-def reports(tmp_path_factory) -> list[list[dict]]:
-    root = tmp_path_factory.mktemp("reshard")
-    dirs = tiny_models(root)
-    out = root / "out"
-    out.mkdir()
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={WORLD}", "--standalone",
-           str(HELPERS / "reshard_run.py"), str(out), *dirs]
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(REPO), str(HELPERS), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-6000:]
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
+def reports(hybrid_reports) -> list[list[dict]]:
+    """reshard_run.py's per-rank reports over tiny_models' folders (tests/dist/conftest.py runs it in one torchrun
+    launch with test_cross_copy.py's driver)."""
+    return hybrid_reports["reshard"]
 
 
 def where(r: dict) -> str:

@@ -134,3 +134,23 @@ def test_cpu_cluster_waits_for_cpus(tmp_path):
     out, _ = _sbatch(tmp_path, "preset=cpu_2proc", GPUS_PER_NODE="0", CPUS_PER_NODE="4", WORKERS_PER_NODE="2")
     assert out.returncode == 0, out.stderr
     assert "8 of 8 CPUs joined" in out.stderr and "arg=trainer.n_gpus_per_node=2" in _job(tmp_path)
+
+
+def test_head_only_ray_start_args_reach_the_head_only(tmp_path):
+    """One RAY_START_ARGS serves every node: Ray's `ray start` aborts a worker given --include-dashboard (head-only),
+    which ended the whole job at its first worker before."""
+    out, _ = _sbatch(tmp_path, "x=1", RAY_START_ARGS="--include-dashboard=true --temp-dir=/scratch/ray "
+                                                     "--redis-shard-ports 7000")
+    assert out.returncode == 0, out.stderr
+    log = _log(tmp_path)
+    head, worker = (next(line for line in log if line.startswith(f"ray {role} ")) for role in ("head", "worker"))
+    assert head.endswith("--include-dashboard=true --temp-dir=/scratch/ray --redis-shard-ports 7000")
+    assert worker.endswith("--temp-dir=/scratch/ray") and "dashboard" not in worker and "7000" not in worker
+    assert "--include-dashboard=true --redis-shard-ports 7000 only on the head" in out.stderr
+    _assert_all_stopped(tmp_path)
+
+
+def test_a_port_in_ray_start_args_is_refused_naming_ray_port(tmp_path):
+    out, _ = _sbatch(tmp_path, "x=1", RAY_START_ARGS="--port=6380")
+    assert out.returncode == 2 and "set RAY_PORT" in out.stderr
+    assert not [line for line in _log(tmp_path) if line.startswith("ray ")]  # refused before any node started

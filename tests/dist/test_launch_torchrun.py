@@ -35,7 +35,7 @@ def _dry(script: Path, *args: str, **env: str) -> tuple[dict[str, str], list[str
 def test_torchrun_one_node():
     env, cmd = _dry(TORCHRUN, "preset=cpu_2proc", "data.train_files=[a.parquet, b.parquet]", NPROC_PER_NODE="2",
                     PYTHON="py")
-    assert cmd == ["py", "-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc_per_node=2",
+    assert cmd == ["py", "-m", "hybridrl.torchrun", "--standalone", "--nnodes=1", "--nproc_per_node=2",
                    "--max_restarts=0", "-m", "hybridrl.trainer.main_ppo", "trainer.backend=local", "trainer.nnodes=1",
                    "trainer.n_gpus_per_node=2", "preset=cpu_2proc", "data.train_files=[a.parquet, b.parquet]"]
     assert env["NCCL_NVLS_ENABLE"] == "0"
@@ -94,3 +94,14 @@ def test_ray_start_submits_with_the_controllers_runtime_env(tmp_path):
 def test_ray_start_needs_an_address():
     out = _run(RAY_START, "x=1", RUNTIME_ENV_JSON="{}")
     assert out.returncode == 2 and "RAY_ADDRESS" in out.stderr
+
+
+def test_ray_start_keeps_head_only_flags_off_a_worker():
+    args = "--include-dashboard true --min-worker-port=21000"
+    _, head = _dry(RAY_START, "head", RAY_START_ARGS=args)
+    _, worker = _dry(RAY_START, "worker", RAY_ADDRESS="10.0.0.1:6379", RAY_START_ARGS=args)
+    assert head[-3:] == ["--include-dashboard", "true", "--min-worker-port=21000"]
+    assert "--include-dashboard=false" not in head  # the user's choice, not a second flag
+    assert worker == ["ray", "start", "--address=10.0.0.1:6379", "--disable-usage-stats", "--min-worker-port=21000"]
+    out = _run(RAY_START, "head", RAY_START_ARGS="--port 6380")
+    assert out.returncode == 2 and "set RAY_PORT" in out.stderr

@@ -1,6 +1,6 @@
 """megatron-core backend on CPU (gloo, fp32) in several tp/pp/vpp/dp layouts.
 
-One torchrun launch per layout runs all of that layout's checks (run_layout.py):
+One torchrun launch per number of ranks runs all the checks of its layouts, one layout after the other (run_layout.py):
   * parity: log-probs, entropy, sum of squared probabilities (chunked, vocab-parallel) and raw logits vs
     transformers on the same weights (max abs diff < 1e-4) for tiny random Llama (llama3 rope scaling, untied), Qwen2 (qkv bias, tied), Qwen3
     (q/k norm) and Mistral (sliding window) models with GQA and a vocab (1001) not divisible by tp;
@@ -192,13 +192,51 @@ def test_resume_same_layout_reproduces_uninterrupted_run(reference):
     assert_same_metrics(r["critic_resumed"], r["critic_uninterrupted"], CRITIC_KEYS, "resumed critic update 2")
 
 
+# The layouts of one size share a torchrun launch (run_layout.py --next): each rank's start-up (torch, transformers,
+# megatron-core imports, ~8 s of CPU) is paid once per size instead of once per layout. In launch order: the MoE
+# layouts last (megatron keeps MoE loss trackers in module globals), the one layout without the parity check first.
+SHARED_LAUNCHES = (("dp2_dynamic_bsz_packed", "tp2", "pp2_vpp2", "ep2"), ("tp2_pp2", "ep2_tp2"))
+
+
+@pytest.fixture(scope="module")
+def layout_runs(models, reference, tmp_path_factory):
+    """name -> its ranks' results, or the launch's error; a shared launch runs when the first of its layouts is
+    tested (within that test's timeout) and its outcome is kept for the others."""
+    done: dict = {}
+
+    def results(name: str):
+        if name not in done:
+            names = next(group for group in SHARED_LAUNCHES if name in group)
+            nprocs = {LAYOUTS[n][0] for n in names}
+            assert len(nprocs) == 1, f"a shared launch needs one number of ranks: {names}"
+            root = tmp_path_factory.mktemp("layouts")
+            argv: list[str] = []
+            for n in names:
+                argv += [*(["--next"] if argv else []), "--models", models, "--out", str(root / n),
+                         "--resume-ckpt", reference["ckpt"], *LAYOUTS[n][1]]
+            nproc = nprocs.pop()
+            try:
+                launch.torchrun("run_layout.py", nproc, argv, LAUNCH_TIMEOUT)
+                done.update({n: launch.rank_results(str(root / n)) for n in names})
+            except AssertionError as e:
+                # the layouts that finished before the failure (every rank wrote its file) are still checked
+                for n in names:
+                    ranks = launch.rank_results(str(root / n))
+                    done[n] = ranks if len(ranks) == nproc else f"the launch of layouts {', '.join(names)} failed: {e}"
+        if isinstance(done[name], str):
+            raise AssertionError(done[name])
+        return done[name]
+    return results
+
+
+def test_every_layout_is_launched():
+    assert sorted(n for group in SHARED_LAUNCHES for n in group) == sorted(LAYOUTS)
+
+
 @pytest.mark.parametrize("name", list(LAYOUTS))
-def test_layout_matches_one_process_run(name, models, reference, tmp_path):
+def test_layout_matches_one_process_run(name, layout_runs, reference):
     nproc, args = LAYOUTS[name]
-    out = str(tmp_path / name)
-    launch.torchrun("run_layout.py", nproc, ["--models", models, "--out", out, "--resume-ckpt", reference["ckpt"],
-                                             *args], LAUNCH_TIMEOUT)
-    ranks = launch.rank_results(out)
+    ranks = layout_runs(name)
     assert len(ranks) == nproc
     # token-budget micro-batches: every dp rank runs as many as the rank that needs the most (dp2: 2, not 2 and 1)
     packed = "packed" in args[args.index("--tasks") + 1].split(",")  # dense layouts; MoE ones check it in parity

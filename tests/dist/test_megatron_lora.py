@@ -2,8 +2,8 @@
 
 The test process builds a tiny Qwen2 (GQA, qkv bias, tied embeddings) and a peft LoRA adapter on all seven
 linear modules with random non-zero A and B, and computes with transformers + peft (no megatron): log-probs
-with the adapter and without it, and the adapters' gradients of L = sum w * log-prob. Three torchrun launches
-(tp=1, tp=2, pp=2 x vpp=2; lora_run.py) load the adapter through lora_adapter_path and check against those references:
+with the adapter and without it, and the adapters' gradients of L = sum w * log-prob. Two torchrun launches
+(tp=1; then tp=2 and pp=2 x vpp=2 one after the other; lora_run.py) load the adapter through lora_adapter_path and check against those references:
   * the forward equals peft's (padded and packed micro-batches); the actor with its adapters off (the reference
     policy) equals the base; a fresh adapter (PEFT's init, B = 0) equals the base;
   * gradients reach the adapters only and equal peft's (also under full activation recompute, where the frozen
@@ -12,6 +12,8 @@ with the adapter and without it, and the adapters' gradients of L = sum w * log-
   * tp=2 and pp=2 x vpp=2 (interleaved schedule, one layer a chunk) equal tp=1: two updates' metrics and the log-probs after the first; both load tp=1's
     checkpoint (adapters and distributed optimizer state, keyed by PEFT name) and give tp=1's log-probs and
     second update;
+  * the adapter-only sync's export (views planned once at tp 1) equals the unplanned export after updates and after
+    an adapter parameter got new storage;
   * export round-trips through transformers + peft: the adapter written by write_peft_adapter, and the model
     merger's merged HF folder and lora_adapter/ from the checkpoint, load with PeftModel.from_pretrained /
     AutoModelForCausalLM and give the trained actor's log-probs.
@@ -83,10 +85,14 @@ def runs(tmp_path_factory):
     save_lora_references(models)
     ckpt, export = str(root / "ckpt_tp1"), str(root / "export_tp1")
     out = {}
-    layouts = {"tp1": (1, ["--save-ckpt", ckpt, "--export", export]), "tp2": (2, ["--resume-ckpt", ckpt]),
-               "pp2_vpp2": (2, ["--resume-ckpt", ckpt, "--pp", "2", "--vpp", "2"])}
-    for name, (nproc, extra) in layouts.items():
-        launch.torchrun("lora_run.py", nproc, ["--models", models, "--out", str(root / name), *extra], LAUNCH_TIMEOUT)
+    launch.torchrun("lora_run.py", 1, ["--models", models, "--out", str(root / "tp1"), "--save-ckpt", ckpt,
+                                       "--export", export], LAUNCH_TIMEOUT)
+    out["tp1"] = launch.rank_results(str(root / "tp1"))
+    # both 2-rank layouts in one launch (lora_run.py --next): the ranks start up once
+    launch.torchrun("lora_run.py", 2, ["--models", models, "--out", str(root / "tp2"), "--resume-ckpt", ckpt, "--next",
+                                       "--models", models, "--out", str(root / "pp2_vpp2"), "--resume-ckpt", ckpt,
+                                       "--pp", "2", "--vpp", "2"], LAUNCH_TIMEOUT)
+    for name in ("tp2", "pp2_vpp2"):
         out[name] = launch.rank_results(str(root / name))
     return {"models": models, "ckpt": ckpt, "export": export, "root": root, **out}
 
@@ -110,6 +116,17 @@ def test_gradients_reach_the_adapters_only_and_equal_pefts(runs, layout):
         assert r["adapter_entries"] == 4 * 7 * 2 // (2 if layout == "pp2_vpp2" else 1)
         assert r["optimizer_numel"] == r["adapter_numel"] > 0
         assert r["base_unchanged"]
+
+
+@pytest.mark.parametrize("layout", ["tp1", "tp2", "pp2_vpp2"])
+def test_adapter_export_follows_the_parameters(runs, layout):
+    """export_adapter_weights (its views planned once at tp 1, pp 1; gathered each time elsewhere) gives what the
+    unplanned export gives, bitwise: after updates that moved the adapters in place, and after an adapter parameter
+    got new storage (the planned views of the old one would send stale values: they differ from the new ones)."""
+    for r in runs[layout]:
+        assert r["export_planned_after_updates"]
+        assert r["new_storage_differs"]
+        assert r["export_planned_after_new_storage"]
 
 
 def _same_update(want: dict, got: dict) -> None:

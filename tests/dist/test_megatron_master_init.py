@@ -8,24 +8,15 @@ the float32 values (benchmarks/results/peer_verl.md). One torchrun process on CP
 """
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "megatron_helpers"))
-
-import launch  # noqa: E402
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
 
 
 @pytest.fixture(scope="module")
-def result(tmp_path_factory):
-    models, out = str(tmp_path_factory.mktemp("models")), str(tmp_path_factory.mktemp("out"))
-    launch.torchrun("master_init_run.py", 1, ["--models", models, "--out", out], 240)
-    return launch.rank_results(out)[0]
+def result(one_rank_megatron):
+    """master_init_run.py's rank0.json (tests/dist/conftest.py: one torchrun process with the other one-rank drivers)."""
+    return one_rank_megatron["master_init"]
 
 
 def test_master_weights_hold_the_float32_checkpoint(result):

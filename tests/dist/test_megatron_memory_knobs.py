@@ -4,17 +4,7 @@ full activation recompute and grad_reduce_in_fp32=false give the plain actor's t
 DDP override collided with the adapter's own grad_reduce_in_fp32 keyword."""
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "megatron_helpers"))
-
-import tiny  # noqa: E402
-
-import launch  # noqa: E402
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
 
@@ -23,12 +13,9 @@ KEYS = ["actor/pg_loss", "actor/grad_norm", "actor/kl_loss", "actor/entropy", "a
 
 
 @pytest.fixture(scope="module")
-def result(tmp_path_factory):
-    models = str(tmp_path_factory.mktemp("models"))
-    tiny.make_model("qwen2", models)
-    out = str(tmp_path_factory.mktemp("out"))
-    launch.torchrun("knobs_run.py", 1, ["--models", models, "--out", out], 240)
-    return launch.rank_results(out)[0]
+def result(one_rank_megatron):
+    """knobs_run.py's rank0.json (tests/dist/conftest.py: one torchrun process with the other one-rank drivers)."""
+    return one_rank_megatron["knobs"]
 
 
 def _close(a: float, b: float) -> bool:

@@ -5,26 +5,17 @@ for (their destinations read NaN until then). overlap_run.py runs four ways thro
 each: no offload, the serial onload, half the state sent for at the update's start, an offload stopped in flight."""
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "megatron_helpers"))
-
-import launch  # noqa: E402
-
-from hybridrl.adapters.megatron.phases import UPDATE_PHASES  # noqa: E402
+from hybridrl.adapters.megatron.phases import UPDATE_PHASES
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
 
 
 @pytest.fixture(scope="module")
-def result(tmp_path_factory):
-    models, out = str(tmp_path_factory.mktemp("models")), str(tmp_path_factory.mktemp("out"))
-    launch.torchrun("overlap_run.py", 1, ["--models", models, "--out", out], 240)
-    return launch.rank_results(out)[0]
+def result(one_rank_megatron):
+    """overlap_run.py's rank0.json (tests/dist/conftest.py: one torchrun process with the other one-rank drivers)."""
+    return one_rank_megatron["overlap"]
 
 
 @pytest.mark.parametrize("way", ["serial", "overlap", "cancel"])

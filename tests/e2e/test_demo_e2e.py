@@ -64,6 +64,15 @@ def test_two_steps_log_verl_metrics_and_end_with_the_demo_line(demo):
                and not re.search(r"/(hybridrl|adapters)/[^:]*\.py:\d+: ", ln)]
     assert not foreign and "Triggered internally at" not in console and "[transformers]" not in console, console[-4000:]
     assert (demo["out"] / "checkpoints" / "logs" / "warnings.log").stat().st_size > 0
+    # ... and Ray's own lines (its "ray" logger: "<date>\tINFO worker.py:N -- ...") went to ray.log beside it
+    rays = [ln for ln in console.splitlines() if re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+\t(INFO|WARNING) ", ln)]
+    assert not rays and "Started a local Ray instance" not in console and "across cluster" not in console, rays
+    ray_log = (demo["out"] / "checkpoints" / "logs" / "ray.log").read_text()
+    assert "Started a local Ray instance." in ray_log
+    assert "RAY_AUTH_MODE" in os.environ or "WARNING authentication_token_setup.py" in ray_log  # its warning, when on
+    # every worker's line is shown as printed: no line of one rank stands for the other's ("[repeated 2x]")
+    replica0 = {m.group(1) for m in re.finditer(r"\(_RayHost pid=(\d+)\)\S* +replica 0: ranks \[0\]", console)}
+    assert len(replica0) == 2, console[-4000:]  # the reshard plan's first line, from both ranks
     ckpt = demo["out"] / "checkpoints"
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
     assert (ckpt / "global_step_2" / ".complete").exists()
@@ -124,3 +133,31 @@ def test_generation_and_eval_on_the_demo_checkpoint(demo, tmp_path, capsys):
     assert result["test_score/arithmetic"] == pytest.approx(mean, abs=1e-9)
     assert result["pass@1/arithmetic"] == pytest.approx(mean, abs=1e-9)
     assert result["pass@1/arithmetic"] <= result["pass@2/arithmetic"] <= result["pass@4/arithmetic"]
+
+
+@pytest.mark.timeout(900)
+def test_the_start_up_table_has_every_phase_and_adds_up_to_the_measured_total(demo):
+    """The trainer's start-up metrics (logged with step 1) fold into issue 39's table: every row there, none
+    negative, and the rows before the first step add up to timing_s/startup, the process's age when step 1 began."""
+    from hybridrl.trainer.startup import phase_table
+
+    first = next(r for r in demo["rows"] if "timing_s/startup" in r)
+    assert first["step"] == 1
+    step1 = next(r for r in demo["rows"] if r["step"] == 1 and "timing_s/step" in r)
+    table = phase_table(first, first_step=step1["timing_s/step"])
+    for row in ("ray", "workers", "model_build", "weight_load", "vllm_engine", "compile_and_capture",
+                "first_validation", "other", "to_first_step", "first_step"):
+        assert row in table and table[row] >= 0, row
+    for part in ("launch", "data", "data_background", "ray_init", "workers", "process_group", "worker_init",
+                 "actor_build", "actor_model_build", "actor_weight_load", "engine_init", "first_sync",
+                 "val_before_train"):
+        assert f"timing_s/startup/{part}" in first, part
+    rows = sum(v for k, v in table.items() if k not in ("to_first_step", "first_step"))
+    assert abs(rows - first["timing_s/startup"]) < 0.01 * first["timing_s/startup"]
+    # the actor's build is its two parts (the rest of the constructor is milliseconds here)
+    build = first["timing_s/startup/actor_model_build"] + first["timing_s/startup/actor_weight_load"]
+    assert build <= first["timing_s/startup/actor_build"] < build + 0.5
+    assert table["ray"] > 0 and table["model_build"] > 0 and table["first_validation"] > 0
+    # the clock began at the process's start: the total is at most the wall time the test saw, well above zero
+    assert 1.0 < first["timing_s/startup"]
+    assert "hybridrl: start-up" in demo["stdout"]

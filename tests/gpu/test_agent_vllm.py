@@ -14,14 +14,19 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
 
 
+def _report(out: str) -> dict:
+    import agent_bench
+
+    return agent_bench.main(["--tiny", "--prompts", "16", "--n", "2", "--response-length", "128", "--reps", "2",
+                             "--eager", "--gpu-util", "0.3", "--out", out])
+
+
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     pytest.importorskip("vllm")
-    import agent_bench
+    from tests.fixtures.child import in_child  # one vLLM engine per process (tests/fixtures/child.py)
 
-    out = str(tmp_path_factory.mktemp("agent") / "agent_smoke.json")
-    return agent_bench.main(["--tiny", "--prompts", "16", "--n", "2", "--response-length", "128", "--reps", "2",
-                             "--eager", "--gpu-util", "0.3", "--out", out])
+    return in_child(_report, str(tmp_path_factory.mktemp("agent") / "agent_smoke.json"))
 
 
 @pytest.mark.timeout(600)

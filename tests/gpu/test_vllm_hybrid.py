@@ -13,18 +13,25 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
 
 
-@pytest.fixture(scope="module")
-def result(tmp_path_factory):
-    pytest.importorskip("vllm")
+def _hybrid_run(folder: str, syncs: int, override: list[str]) -> dict:
+    """hybrid_bench's run on a small Qwen2 in `folder` (in a child process: one vLLM engine per process)."""
     import hybrid_bench as hb
 
     hb.SHAPE.update(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
                     num_key_value_heads=2, vocab_size=32000)
-    model_dir = hb.make_model(str(tmp_path_factory.mktemp("qwen2_small")))
-    # CUDA graphs on (vLLM's default): the follow check below must hold through sleep/wake and the direct copy
-    args = argparse.Namespace(prompts=32, prompt_len=32, max_tokens=32, syncs=3, gpu_util=0.3, eager=False,
-                              cpu_dry_run=False, reps=1, peers="")
+    model_dir = hb.make_model(folder)
+    args = argparse.Namespace(prompts=32, prompt_len=32, max_tokens=32, syncs=syncs, gpu_util=0.3, eager=False,
+                              cpu_dry_run=False, reps=1, peers="", override=override)
     return hb.hybrid_run(args, model_dir)
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+    pytest.importorskip("vllm")
+    from tests.fixtures.child import in_child
+
+    # CUDA graphs on (vLLM's default): the follow check below must hold through sleep/wake and the direct copy
+    return in_child(_hybrid_run, str(tmp_path_factory.mktemp("qwen2_small")), 3, [])
 
 
 @pytest.mark.timeout(600)
@@ -95,15 +102,10 @@ def awake_result(tmp_path_factory):
     nothing but the sync itself drops vLLM's prefix cache, and the follow check's prompts were all generated
     before the weights changed."""
     pytest.importorskip("vllm")
-    import hybrid_bench as hb
+    from tests.fixtures.child import in_child
 
-    hb.SHAPE.update(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
-                    num_key_value_heads=2, vocab_size=32000)
-    model_dir = hb.make_model(str(tmp_path_factory.mktemp("qwen2_small_awake")))
-    args = argparse.Namespace(prompts=32, prompt_len=32, max_tokens=32, syncs=2, gpu_util=0.3, eager=False,
-                              cpu_dry_run=False, reps=1, peers="",
-                              override=["actor_rollout_ref.rollout.free_cache_engine=false"])
-    return hb.hybrid_run(args, model_dir)
+    return in_child(_hybrid_run, str(tmp_path_factory.mktemp("qwen2_small_awake")), 2,
+                    ["actor_rollout_ref.rollout.free_cache_engine=false"])
 
 
 @pytest.mark.timeout(600)

@@ -8,7 +8,10 @@ hybrid worker runs it (push, generate, release, with its checks). Three adapter 
 Each version's rollout log-probs (temperature 1) are compared with teacher-forced log-probs of fp32 transformers with
 W + (alpha/r) B A, against the bf16 floor (our torch engine in bf16 with the same adapters on hooks, vs the same fp32
 reference) and against the previous version's weights (the engine must not run stale adapters); with peft installed,
-the fp32 reference is also checked against transformers + peft. Skipped without CUDA or vLLM."""
+the fp32 reference is also checked against transformers + peft. The engine keeps its base on the GPU while asleep
+(base_resident, hybridrl/rollout/vllm_kv_sleep.py): every sleep frees the KV cache alone, the weights' allocations stay
+mapped with no host copy, vLLM's level-1 sleep never runs, and generation after each wake is at the floor. Skipped
+without CUDA or vLLM."""
 from __future__ import annotations
 
 import os
@@ -72,13 +75,21 @@ def _gap(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> float:
 @pytest.fixture(scope="module")
 def result(tmp_path_factory):
     pytest.importorskip("vllm")
+    from tests.fixtures.child import in_child  # one vLLM engine per process (tests/fixtures/child.py)
+
+    return in_child(_lora_run, str(tmp_path_factory.mktemp("llama_lora")))
+
+
+def _lora_run(folder: str) -> dict:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from hybridrl.utils.net import free_port
 
-    port = free_port("127.0.0.1")  # vLLM's external launcher reads a torch.distributed world: rank 0 of 1
-    for k, v in dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                     MASTER_PORT=str(port)).items():
-        os.environ.setdefault(k, v)
+    # vLLM's external launcher reads a torch.distributed world: rank 0 of 1 on a fresh port. Set, not defaulted: the
+    # child inherits the pytest process's MASTER_PORT from earlier in-process groups, whose store still holds it
+    # (EADDRINUSE in the one-command run, 4 x H200, 2026-11-28).
+    port = free_port("127.0.0.1")
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
     from transformers import AutoModelForCausalLM
 
     from hybridrl.hybrid import SyncOptions, WeightSync
@@ -86,13 +97,13 @@ def result(tmp_path_factory):
     from hybridrl.rollout.base import SamplingParams
     from hybridrl.rollout.lora import RolloutLora
     from hybridrl.rollout.torch_engine import TorchRolloutEngine
+    from hybridrl.rollout.vllm_kv_sleep import allocator_ops, tag_bytes
     from hybridrl.rollout.vllm_lora import VLLMLoraEngine
     from tests.fixtures.actor_stubs import StubActor
 
     cfg = _config()
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).cuda().eval()
-    folder = str(tmp_path_factory.mktemp("llama_lora"))
     model.save_pretrained(folder)
     base = {n: t.detach().clone() for n, t in model.state_dict().items()}
     spec = RolloutLora(RANK, ALPHA, TARGETS)
@@ -111,8 +122,10 @@ def result(tmp_path_factory):
     actor = Actor()
     engine = VLLMLoraEngine(folder, lora=spec, tp_size=1, gpu_memory_utilization=0.3, max_model_len=256,
                             max_num_seqs=64, pad_token_id=0, eos_token_ids=(1,), load_format="dummy",
-                            cudagraph_capture_sizes=[1, 2, 4, 8, 16, 32])
+                            cudagraph_capture_sizes=[1, 2, 4, 8, 16, 32], base_resident=True)
+    allocator = allocator_ops()[0]
     engine.sleep()
+    asleep = [tag_bytes(allocator)]  # what each sleep kept: by tag, mapped / asleep / copied to the host
     sync = WeightSync(actor, engine, SyncOptions(adapters=True, bucket_bytes=1 << 20))
     hooked = TorchRolloutEngine(cfg, dtype=torch.bfloat16, device="cuda", lora=spec)  # the bf16 floor's engine
     hooked.load_weights(base.items())
@@ -132,6 +145,7 @@ def result(tmp_path_factory):
         in_place = engine._in_place
         base_sums = engine.weight_checksums(["model.layers.0.self_attn.q_proj.weight", "model.layers.0.mlp.up_proj.weight"])
         sync.release()
+        asleep.append(tag_bytes(allocator))
         reference.load_state_dict(_merged_fp32(base, actor.adapters))
         hooked.load_adapter(actor.adapters.items())
         hooked.finish_adapter_sync(version)
@@ -161,7 +175,10 @@ def result(tmp_path_factory):
         rows.append(row)
         previous = actor.adapters
         print(f"[vllm lora] v{version}: {({k: v for k, v in row.items() if k != 'metrics'})}")
-    return {"rows": rows, "base_sum_q": float(base["model.layers.0.self_attn.q_proj.weight"].double().sum())}
+    # vLLM fuses q/k/v: the engine's sum under q_proj's name is qkv_proj's (checksum_terms names its members)
+    q = "model.layers.0.self_attn.q_proj.weight"
+    return {"rows": rows, "base_sum_q": sum(c * float(base[m].double().sum()) for m, c in engine.checksum_terms(q)),
+            "asleep": asleep, "sleeps": dict(engine.sleeps)}
 
 
 @pytest.mark.timeout(900)
@@ -190,3 +207,17 @@ def test_each_sync_moves_only_the_adapters_after_the_first(result):
         assert m["sync_check/adapter_tensors_checked"] == 2 * 7 * 4, m  # A and B of 7 modules x 4 layers, checked
     for row in result["rows"]:  # the base, read back under its HF name through the LoRA wrapper, never moved
         assert row["base_sum_q"] == pytest.approx(result["base_sum_q"], rel=1e-6), row
+
+
+@pytest.mark.timeout(900)
+def test_the_base_stays_on_the_gpu_while_the_engine_sleeps(result):
+    """Every sleep (after start-up and after each version's generation) released the KV cache alone: the weights'
+    allocations (base and adapter slots) stayed mapped and were never copied to the host; vLLM's level-1 sleep never
+    ran; waking the weights before each sync mapped and copied nothing (engine_wake_weights, a few ms at most)."""
+    assert result["sleeps"] == {"kv_only": 4, "level1": 0}, result["sleeps"]
+    for state in result["asleep"]:
+        weights, kv = state["weights"], state["kv_cache"]
+        assert weights["mapped"] > 0 and weights["asleep"] == weights["host_copy"] == 0, state
+        assert kv["mapped"] == 0 and kv["asleep"] > 0 and kv["host_copy"] == 0, state
+    for row in result["rows"]:
+        assert row["metrics"]["timing_s/engine_wake_weights"] < 0.01, row["metrics"]

@@ -47,3 +47,31 @@ def test_a_misaligned_start_sums_as_an_aligned_copy():
     view = t[1:]
     assert view.data_ptr() % 16 != 0
     assert float(tensor_checksum(view)) == float(tensor_checksum(view.clone()))
+
+
+def test_many_tensors_at_once_sum_what_one_at_a_time_does(monkeypatch):
+    """checksums(): mixed shapes, dtypes, repeats of one shape (stacked together), strided views, a tail shorter than
+    a block, an empty tensor; each sum within float64 rounding of tensor_checksum's (their float32 blocks are the
+    same), in the order given; a one-ulp change of one member of one stacked tensor moves that sum alone."""
+    from hybridrl.utils import checksum
+    from hybridrl.utils.checksum import checksums
+
+    g = torch.Generator().manual_seed(2)
+    items = [(torch.randn(32, 3 * BLOCK, generator=g) * 0.02).to(torch.bfloat16) for _ in range(4)]
+    items += [(torch.randn(7 * BLOCK + 9, 8, generator=g)).to(torch.bfloat16).t(),  # strided
+              torch.randn(5, 3, generator=g), torch.zeros(0, dtype=torch.bfloat16),
+              (torch.randn(BLOCK - 3, generator=g)).to(torch.float16), items[1][:, :100]]
+    sums, abss = checksums(items)
+    assert sums.dtype == abss.dtype == torch.float64 and sums.shape == (len(items),)
+    for i, t in enumerate(items):
+        want, scale = float(tensor_checksum(t)), float(tensor_abs_sum(t))
+        assert abs(float(sums[i]) - want) <= 1e-12 * max(scale, 1e-30), i
+        assert abs(float(abss[i]) - scale) <= 1e-12 * max(scale, 1e-30), i
+    bumped = [t.clone() for t in items[:4]]
+    bumped[2].view(torch.int16)[5, 7] += 1
+    moved = checksums(bumped)[0] != checksums(items[:4])[0]
+    assert moved.tolist() == [False, False, True, False]
+    assert checksums([])[0].numel() == 0
+    monkeypatch.setattr(checksum, "CHUNK", 1000)  # more than CHUNK elements of one shape: stacked in parts
+    many = [torch.full((300,), float(i), dtype=torch.bfloat16) for i in range(7)]
+    assert checksums(many)[0].tolist() == [300.0 * i for i in range(7)]

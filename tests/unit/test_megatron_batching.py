@@ -97,6 +97,22 @@ def test_split_rows_balances_and_honours_the_virtual_pipeline_multiple():
         split_rows(3, 1, multiple=4)
 
 
+def test_training_with_virtual_stages_takes_at_least_twice_pp_micro_batches():
+    """megatron-core's interleaved schedule deadlocks when it trains on exactly pp micro-batches (engine.py)."""
+    from hybridrl.adapters.megatron.engine import check_interleaved_count
+
+    assert len(split_rows(4, 4, multiple=2, min_count=4)) == 4  # one micro-batch's rows, spread over 2*pp
+    assert len(split_tokens(torch.tensor([3, 3, 3, 3]), max_tokens=100, multiple=2, min_count=4)) == 4
+    with pytest.raises(ValueError, match="to train, at least 4"):
+        split_rows(3, 3, multiple=2, min_count=4)
+    with pytest.raises(ValueError, match="2 micro-batches cannot train with pipeline_model_parallel_size=2"):
+        check_interleaved_count(2, pp=2, chunks=2, group=None)
+    with pytest.raises(ValueError, match="4 micro-batches cannot train with pipeline_model_parallel_size=4"):
+        check_interleaved_count(4, pp=4, chunks=2, group=4)
+    for count, pp, chunks in ((4, 2, 2), (8, 4, 2), (6, 2, 3), (2, 2, 1), (1, 1, 1)):
+        check_interleaved_count(count, pp=pp, chunks=chunks, group=None)  # 2*pp and more, or no virtual stages
+
+
 def test_split_tokens_respects_the_budget_and_keeps_every_row():
     lengths = torch.tensor([9, 2, 7, 3, 8, 1, 6])
     parts = split_tokens(lengths, max_tokens=12)

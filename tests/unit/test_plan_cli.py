@@ -151,6 +151,15 @@ def test_reference_pass_does_not_fit(capsys):
     assert "ref.megatron.param_offload=true (" not in problems[0]["message"]  # already on: not offered
     code, out = plan_json(capsys, *SEVEN_B_ONE_GPU, "170", *big)
     assert code == 0 and out["peak"]["phase"] == "ref_log_prob"
+    # a resident reference: its pass is planned (no larger than train_actor), the refusal is train_actor's alone
+    kept = [a.replace(f"{ARA}.ref.megatron.param_offload=true", f"{ARA}.ref.megatron.param_offload=false")
+            for a in SEVEN_B_ONE_GPU]
+    problems = refused(capsys, *kept, "155", *big)
+    assert len(problems) == 1 and "the train_actor phase needs" in problems[0]["message"], problems
+    code, out = plan_json(capsys, *kept, "400", *big)
+    phases = out["phases"]
+    assert code == 0 and phases["ref_log_prob"]["total"] <= phases["train_actor"]["total"]
+    assert out["peak"]["phase"] != "ref_log_prob"
 
 
 def test_rollout_does_not_fit(capsys):

@@ -238,10 +238,10 @@ def test_split_placement_plans_the_rollout_gpu_and_the_training_gpus_apart():
         {k: v for k, v in colocated.phases["train_actor"].parts.items() if k not in engine}
 
 
-def test_reference_pass_with_param_offload_is_its_own_phase_by_hand():
-    """With ref param_offload the reference's weights come back for its log-prob pass beside the actor's params and
-    grads (restored after generation; its optimizer state comes back at the update's first step): params + grads
-    + the reference + one forward pass."""
+def test_reference_pass_is_its_own_phase_by_hand():
+    """The reference's log-prob pass: its weights (with ref param_offload, back for the pass) beside the actor's
+    params and grads (restored after generation; its optimizer state comes back at the update's first step): params
+    + grads + the reference + one forward pass."""
     shape = resolve("Qwen2.5-7B")
     run = validate(load_config(["preset=7b_8gpu", "actor_rollout_ref.ref.megatron.param_offload=true"],
                                config_name="grpo_trainer"), cuda_available=GPU)
@@ -256,8 +256,12 @@ def test_reference_pass_with_param_offload_is_its_own_phase_by_hand():
     kept = validate(load_config(["preset=7b_8gpu", "actor_rollout_ref.ref.megatron.param_offload=false"],
                                 config_name="grpo_trainer"), cuda_available=GPU)
     kept_plan = estimate(kept, shape, 80 * GiB)
-    assert kept_plan.phases["ref_log_prob"] is None  # the reference is resident: train_actor counts it
     assert kept_plan.phases["train_actor"].parts["ref_params"] == 7_615_820_800
+    # a resident reference's pass is planned too (memory/ref_peak_bytes is measured against it): the same parts,
+    # never above train_actor, which counts the reference and the larger activations
+    kept_ref = kept_plan.phases["ref_log_prob"].parts
+    assert kept_ref == ref
+    assert kept_plan.phases["ref_log_prob"].total <= kept_plan.phases["train_actor"].total
 
 
 def test_optimizer_state_comes_back_for_the_step_only_by_hand():
@@ -393,3 +397,91 @@ def test_optimizer_state_coming_back_during_the_forward_backward_by_hand():
     serial = _run(*ONE_H200, "actor_rollout_ref.actor.megatron.optimizer_onload_overlap=false", config_name="grpo_trainer")
     assert estimate(serial, shape, gpu).phases["train_actor_onload"] is None
     assert estimate(serial, shape, gpu).phases["actor_step"].parts["actor_optimizer"] == 12 * P
+
+
+# the lora_7b_lora row of benchmarks/runs.py (rows_one_gpu.lora_7b): Qwen2.5-7B, one GPU, rank-32 adapters on all seven
+# modules, vLLM at tp_g 1
+LORA_7B_ONE_GPU = [
+    "trainer.n_gpus_per_node=1", "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "data.max_prompt_length=64",
+    "data.max_response_length=256", "data.train_batch_size=16", "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+    "actor_rollout_ref.rollout.n=8", "actor_rollout_ref.model.use_remove_padding=true",
+    "actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096",
+    "actor_rollout_ref.model.enable_gradient_checkpointing=true", "actor_rollout_ref.actor.use_kl_loss=false",
+    "actor_rollout_ref.actor.megatron.transformer_impl=local", "actor_rollout_ref.ref.megatron.transformer_impl=local",
+    "actor_rollout_ref.model.lora_rank=32", "actor_rollout_ref.model.lora_alpha=32"]
+
+
+def test_lora_base_kept_on_the_gpu_is_counted_in_every_phase_by_hand():
+    """The engine's weights W: the base at tp_g 1, 2 x 7,615,616,512 bytes, plus vLLM's LoRA slots at max_lora_rank
+    32, per layer 32 * (q 3584+3584, k 3584+512, v 3584+512, o 3584+3584, gate 3584+18944, up 3584+18944,
+    down 18944+3584) = 2,883,584 params, x28 layers x2 bytes = 161,480,704 (the 161 MB of adapters the 7B row syncs).
+    Kept resident (true, or auto where it fits): W in every phase, the training phases W above the plan with the base
+    in host memory (false), the rollout phase unchanged; auto falls back to false where a phase would not fit."""
+    shape = resolve("Qwen2.5-7B")
+    w = 2 * 7_615_616_512 + 28 * 2_883_584 * 2
+
+    def plan(mode, gpu_gib=80, util=0.3):
+        run = _run(*LORA_7B_ONE_GPU, f"actor_rollout_ref.rollout.lora_base_resident={mode}",
+                   f"actor_rollout_ref.rollout.gpu_memory_utilization={util}", config_name="grpo_trainer")
+        return estimate(run, shape, gpu_gib * GiB, overhead_bytes=3 * GiB)
+
+    kept, off = plan("true"), plan("false")
+    assert kept.rollout_base_resident and not off.rollout_base_resident
+    assert kept.phases["rollout"].parts == off.phases["rollout"].parts and off.phases["rollout"].parts["rollout_weights"] == w
+    for name in ("train_actor", "actor_step"):
+        assert kept.phases[name].parts["rollout_weights"] == w and off.phases[name].parts["rollout_weights"] == 0
+        assert kept.phases[name].total == off.phases[name].total + w, name
+        assert kept.phases[name].parts["rollout_kv_cache"] == kept.phases[name].parts["rollout_activations"] == 0
+    assert any("keeps its base (14.3 GiB)" in n for n in kept.notes)
+    auto = plan("auto")
+    assert auto.rollout_base_resident and auto.phases == kept.phases  # 80 GiB: every phase fits with it
+    # 40 GiB at util 0.45: the rollout (the actor's 14.3 GiB + 18 GiB of vLLM + 3) fits, training with W beside it not
+    small_kept, small = plan("true", 40, 0.45), plan("auto", 40, 0.45)
+    assert small_kept.phases["train_actor"].total > 40 * GiB >= max(p.total for p in small.phases.values() if p)
+    assert not small.rollout_base_resident and small.phases == plan("false", 40, 0.45).phases
+    assert any("goes to host memory" in n and "train_actor would need" in n for n in small.notes)
+
+
+def test_a_resident_base_that_does_not_fit_names_the_key():
+    from hybridrl.plan import fit_problems
+
+    run = _run(*LORA_7B_ONE_GPU, "actor_rollout_ref.rollout.lora_base_resident=true",
+               "actor_rollout_ref.rollout.gpu_memory_utilization=0.45", config_name="grpo_trainer")
+    problems = fit_problems(estimate(run, resolve("Qwen2.5-7B"), 40 * GiB), run, resolve("Qwen2.5-7B"))
+    assert problems and problems[0].knob == "actor_rollout_ref.rollout.lora_base_resident"
+    assert "lora_base_resident=false" in problems[0].message
+
+
+def test_lora_base_resident_applies_to_the_adapter_sync_only():
+    from hybridrl.config import ConfigError
+
+    merged = _run(*LORA_7B_ONE_GPU, "actor_rollout_ref.model.lora.merge=true", config_name="grpo_trainer")
+    assert not estimate(merged, resolve("Qwen2.5-7B"), 80 * GiB).rollout_base_resident  # full weights: level 2 sleep
+    awake = _run(*LORA_7B_ONE_GPU, "actor_rollout_ref.rollout.free_cache_engine=false", config_name="grpo_trainer")
+    assert not estimate(awake, resolve("Qwen2.5-7B"), 80 * GiB).rollout_base_resident  # never asleep: all of it stays
+    with pytest.raises(ConfigError, match="lora_base_resident=true keeps a LoRA base"):
+        _run(*LORA_7B_ONE_GPU, "actor_rollout_ref.model.lora.merge=true",
+             "actor_rollout_ref.rollout.lora_base_resident=true", config_name="grpo_trainer")
+    with pytest.raises(ConfigError, match="use auto, true or false"):
+        _run(*LORA_7B_ONE_GPU, "actor_rollout_ref.rollout.lora_base_resident=sometimes", config_name="grpo_trainer")
+
+
+def test_the_worker_resolves_auto_as_the_plan_does(monkeypatch):
+    """hybridrl.workers.common.lora_base_resident: the plan on the device's memory (from the model's config), the
+    key's value when set, and never on CPU (the torch engine keeps its weights anyway)."""
+    import torch
+    from transformers import Qwen2Config
+
+    from hybridrl.plan.model_shape import KNOWN_CONFIGS
+    from hybridrl.workers.common import lora_base_resident
+
+    hf = Qwen2Config(**{k: v for k, v in KNOWN_CONFIGS["Qwen2.5-7B"].items() if k != "model_type"})
+    cuda = torch.device("cuda", 0)
+    memory = {"bytes": 80 * GiB}
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: type("P", (), {"total_memory": memory["bytes"]}))
+    run = _run(*LORA_7B_ONE_GPU, "actor_rollout_ref.rollout.gpu_memory_utilization=0.45", config_name="grpo_trainer")
+    assert lora_base_resident(run, hf, cuda) and not lora_base_resident(run, hf, torch.device("cpu"))
+    memory["bytes"] = 40 * GiB  # the plan's small case above: kept, training would not fit
+    assert not lora_base_resident(run, hf, cuda)
+    forced = _run(*LORA_7B_ONE_GPU, "actor_rollout_ref.rollout.lora_base_resident=true", config_name="grpo_trainer")
+    assert lora_base_resident(forced, hf, cuda)

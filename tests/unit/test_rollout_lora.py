@@ -347,20 +347,21 @@ def test_slot_places_hold_what_vllm_set_lora_writes(tp, kv_heads):
         assert sums[name] == pytest.approx(float(held.double().sum()), rel=1e-9, abs=1e-9), name
 
 
-def test_vllm_lora_engine_loads_once_through_vllm_then_writes_in_place(monkeypatch):
-    """VLLMLoraEngine's adapter flow on a stand-in for vllm.LLM (tp 1): the first version goes through vLLM's loader
-    (here `register` stood in by what vLLM's does: bf16 cast, B *= scaling, set_lora into the first free slot), the
-    slots prove, and the next versions are written in place (the loader not called again); the engine's slot sums
-    pass WeightSync's checks against the sender's sums of adapter_as_held; a missing tensor is named."""
-    from hybridrl.hybrid.checks import SentChecksums, compare_checksums
+H, F, HEADS, KV, D, R = 16, 24, 4, 2, 4, 4
+SHAPES = {"q_proj": (HEADS * D, H), "k_proj": (KV * D, H), "v_proj": (KV * D, H), "o_proj": (H, HEADS * D),
+          "gate_proj": (F, H), "up_proj": (F, H), "down_proj": (H, F)}
+
+
+def standin_vllm_engine(monkeypatch, spec: RolloutLora):
+    """VLLMLoraEngine (tp 1) on a stand-in for vllm.LLM: one layer's LoRA slots (FakeLayer), and `register` standing
+    in for vLLM's loader as vLLM's does it (bf16 cast, B *= scaling, set_lora into the first free slot). Returns the
+    engine and the list of ids the loader registered."""
     from hybridrl.rollout import vllm_lora
 
-    h, f, heads, kv, d, r = 16, 24, 4, 2, 4, 4
-    spec = RolloutLora(r, 6.0, ALL)
-    layers = {"model.layers.0.self_attn.qkv_proj": FakeLayer(1, 8, h, [heads * d, kv * d, kv * d]),
-              "model.layers.0.self_attn.o_proj": FakeLayer(1, 8, heads * d, [h]),
-              "model.layers.0.mlp.gate_up_proj": FakeLayer(1, 8, h, [f, f]),
-              "model.layers.0.mlp.down_proj": FakeLayer(1, 8, f, [h])}
+    layers = {"model.layers.0.self_attn.qkv_proj": FakeLayer(1, 8, H, [HEADS * D, KV * D, KV * D]),
+              "model.layers.0.self_attn.o_proj": FakeLayer(1, 8, HEADS * D, [H]),
+              "model.layers.0.mlp.gate_up_proj": FakeLayer(1, 8, H, [F, F]),
+              "model.layers.0.mlp.down_proj": FakeLayer(1, 8, F, [H])}
     packed = {"model.layers.0.self_attn.qkv_proj": [f"model.layers.0.self_attn.{m}" for m in ("q_proj", "k_proj", "v_proj")],
               "model.layers.0.mlp.gate_up_proj": ["model.layers.0.mlp.gate_proj", "model.layers.0.mlp.up_proj"]}
     manager = SimpleNamespace(modules=layers, packed_modules=packed, lora_index_to_id=[None],
@@ -385,38 +386,135 @@ def test_vllm_lora_engine_loads_once_through_vllm_then_writes_in_place(monkeypat
     engine = vllm_lora.VLLMLoraEngine.__new__(vllm_lora.VLLMLoraEngine)
     engine.llm = SimpleNamespace(apply_model=lambda fn: [fn(SimpleNamespace(lora_manager=manager))])
     engine.tp_size, engine.lora, engine.checksum_rtol = 1, spec, 1e-6
-    engine._names = vllm_lora.adapter_names(manager, ALL)
+    engine._names = vllm_lora.adapter_names(manager, spec.targets)
     engine._dtype, engine._shapes, engine._pending, engine._written = torch.bfloat16, {}, {}, set()
     engine._places, engine._in_place, engine._version = None, False, None
     monkeypatch.setattr(vllm_lora.VLLMLoraEngine, "_tp_rank", lambda self: 0)
-    shapes = {"q_proj": (heads * d, h), "k_proj": (kv * d, h), "v_proj": (kv * d, h), "o_proj": (h, heads * d),
-              "gate_proj": (f, h), "up_proj": (f, h), "down_proj": (h, f)}
+    return engine, registered
 
-    def version(seed):
-        g = torch.Generator().manual_seed(seed)
-        out = {}
-        for m, (o, i) in shapes.items():
-            block = "self_attn" if m in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
-            out[peft_name(f"model.layers.0.{block}.{m}", "A")] = torch.randn(r, i, generator=g)
-            out[peft_name(f"model.layers.0.{block}.{m}", "B")] = torch.randn(o, r, generator=g)
-        return out
 
+def adapter_version(seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for m, (o, i) in SHAPES.items():
+        block = "self_attn" if m in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
+        out[peft_name(f"model.layers.0.{block}.{m}", "A")] = torch.randn(R, i, generator=g)
+        out[peft_name(f"model.layers.0.{block}.{m}", "B")] = torch.randn(o, R, generator=g)
+    return out
+
+
+class BucketActor(StubActor):
+    """Exports `items` in two buckets (the first five tensors, the rest)."""
+
+    items: list = []
+
+    def export_weights(self, bucket_bytes, names=None):
+        raise AssertionError("an adapter-only sync exports no base")
+
+    def export_adapter_weights(self, bucket_bytes):
+        yield self.items[:5]
+        yield self.items[5:]
+
+
+def test_vllm_lora_engine_loads_once_through_vllm_then_writes_in_place(monkeypatch):
+    """VLLMLoraEngine's adapter flow on a stand-in for vllm.LLM (tp 1): the first version goes through vLLM's loader
+    (here `register` stood in by what vLLM's does: bf16 cast, B *= scaling, set_lora into the first free slot), the
+    slots prove, and the next versions are written in place (the loader not called again); the engine's slot sums
+    pass WeightSync's checks against the sender's sums of adapter_as_held (adapter_sync.py: taken a bucket at a time
+    in a few kernels, the engine's tolerance being nonzero); a missing tensor is named."""
+    from hybridrl.hybrid.adapter_sync import check_adapters, stream_adapters
+    from hybridrl.hybrid.checks import SentChecksums
+    from hybridrl.rollout import vllm_lora
+
+    engine, registered = standin_vllm_engine(monkeypatch, RolloutLora(R, 6.0, ALL))
+    actor = BucketActor()
     for v in (1, 2, 3):
-        tensors = version(v)
+        tensors = adapter_version(v)
         sent = SentChecksums(v, 1.0)
-        items = list(tensors.items())
-        for bucket in (items[:5], items[5:]):
-            for n, t in bucket:
-                sent.record(n, engine.adapter_as_held(n, t))
-            engine.load_adapter(bucket)
-        engine.finish_adapter_sync(v)
+        actor.items = items = list(tensors.items())
+        metrics = stream_adapters(actor, engine, 1 << 20, v, sent)
+        assert metrics["reshard/adapter_tensors"] == len(tensors) and metrics["reshard/adapter_buckets"] == 2
         assert engine._in_place and registered == [vllm_lora.ADAPTER_ID]  # loaded by vLLM once, then in place
         assert engine._request_kwargs()["lora_request"].lora_name == f"hybridrl-v{v}"
-        checked = compare_checksums(sent, engine.adapter_checksums(sent.names()), rtol=engine.checksum_rtol)
-        assert checked["sync_check/tensors_checked"] == len(tensors)
+        checked = check_adapters(engine, sent)
+        assert checked["sync_check/adapter_tensors_checked"] == len(tensors)
         for name, t in tensors.items():  # the slot holds exactly what vLLM's loader would have put there
             place = engine._places[name]
             assert torch.equal(place.dst, place.expected(t)), (v, name)
+    wrong = next(n for n in tensors if n.endswith("v_proj.lora_B.weight"))
+    engine._places[wrong].dst[0, 0] += 1  # one slot value off: the batched sums still name it
+    with pytest.raises(WeightSyncError, match="v_proj.lora_B"):
+        check_adapters(engine, sent)
     engine.load_adapter(items[:5])
     with pytest.raises(AdapterLoadError, match=f"did not send {len(items) - 5} tensor"):
         engine.finish_adapter_sync(4)
+
+
+@pytest.mark.parametrize("fault", ["stale", "misplaced"])
+def test_vllm_in_place_write_that_is_stale_or_misplaced_is_named(monkeypatch, fault):
+    """After the slots proved (v1, v2 in place), v3's in-place write goes wrong inside the engine while every name
+    still counts as written: one slot keeps v2's values (stale), or q_proj's and k_proj's A (same shape) land in each
+    other's slots (misplaced). The sender's batched sums against the engine's slot sums name the tensor."""
+    from hybridrl.hybrid.adapter_sync import check_adapters, stream_adapters
+    from hybridrl.hybrid.checks import SentChecksums
+    from hybridrl.rollout import vllm_lora
+
+    engine, _ = standin_vllm_engine(monkeypatch, RolloutLora(R, 6.0, ALL))
+    actor = BucketActor()
+    for v in (1, 2):
+        actor.items = list(adapter_version(v).items())
+        sent = SentChecksums(v, 1.0)
+        stream_adapters(actor, engine, 1 << 20, v, sent)
+        check_adapters(engine, sent)
+    q, k = (peft_name(f"model.layers.0.self_attn.{m}", "A") for m in ("q_proj", "k_proj"))
+    stale = peft_name("model.layers.0.mlp.up_proj", "B")
+    write = vllm_lora.write_places
+
+    def faulty(pairs):
+        if fault == "stale":
+            pairs = [(p, t) for p, t in pairs if p is not engine._places[stale]]
+        else:
+            swap = {id(engine._places[q]): engine._places[k], id(engine._places[k]): engine._places[q]}
+            pairs = [(swap.get(id(p), p), t) for p, t in pairs]
+        write(pairs)
+
+    monkeypatch.setattr(vllm_lora, "write_places", faulty)
+    actor.items = list(adapter_version(3).items())
+    sent = SentChecksums(3, 1.0)
+    stream_adapters(actor, engine, 1 << 20, 3, sent)  # finish_adapter_sync passes: every name was "written"
+    with pytest.raises(WeightSyncError, match="up_proj.lora_B" if fault == "stale" else "(q|k)_proj.lora_A"):
+        check_adapters(engine, sent)
+
+
+def test_vllm_adapters_as_held_is_adapter_as_held_bitwise(monkeypatch):
+    """The sender's view of a bucket as vLLM holds it, taken at once (a cast, one _foreach_mul for B), equals
+    adapter_as_held one tensor at a time bitwise: fp32 sent into bf16 slots at scaling 1.5; at scaling 1 with the
+    LoRA dtype sent, the very tensors come back (nothing computed)."""
+    engine, _ = standin_vllm_engine(monkeypatch, RolloutLora(R, 6.0, ALL))
+    bucket = list(adapter_version(1).items())
+    held = engine.adapters_as_held(bucket)
+    assert [n for n, _ in held] == [n for n, _ in bucket]
+    for (name, t), (_, h) in zip(bucket, held):
+        one = engine.adapter_as_held(name, t)
+        assert h.dtype == torch.bfloat16 and torch.equal(h, one), name
+        if name.endswith("lora_B.weight"):  # scaled: not merely the cast
+            assert not torch.equal(h, t.to(torch.bfloat16)), name
+    engine.lora = RolloutLora(R, float(R), ALL)  # scaling 1
+    sent = [(n, t.to(torch.bfloat16)) for n, t in bucket]
+    assert all(h is t for (_, t), (_, h) in zip(sent, engine.adapters_as_held(sent)))
+
+
+def test_adapter_sync_names_an_adapter_sent_twice(monkeypatch):
+    """A name exported twice in one sync, inside a bucket or in two, fails the sync naming it."""
+    from hybridrl.hybrid.adapter_sync import stream_adapters
+    from hybridrl.hybrid.checks import SentChecksums
+
+    engine, _ = standin_vllm_engine(monkeypatch, RolloutLora(R, 6.0, ALL))
+    items = list(adapter_version(1).items())
+    actor = BucketActor()
+    actor.items = items[:3] + [items[1]] + items[3:]  # twice in the first bucket
+    with pytest.raises(WeightSyncError, match=f"{items[1][0]!r} twice"):
+        stream_adapters(actor, engine, 1 << 20, 1, SentChecksums(1, 1.0))
+    actor.items = items + [items[2]]  # in the first bucket and again in the second
+    with pytest.raises(WeightSyncError, match=f"{items[2][0]!r} twice"):
+        stream_adapters(actor, engine, 1 << 20, 1, SentChecksums(1, 1.0))

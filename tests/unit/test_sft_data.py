@@ -161,6 +161,11 @@ def test_sft_config_reads_both_verl_spellings_and_names_the_key_to_fix(monkeypat
         validate_sft(load_config(base, schema=SFTConfig))
     with pytest.raises(ConfigError, match=r"engine: tp\*pp\*cp = 4\*1\*1 = 4 does not divide the 2 ranks"):
         validate_sft(load_config(base + ["model.path=/m", "engine.tensor_model_parallel_size=4"], schema=SFTConfig))
+    vpp = ["model.path=/m", "engine.pipeline_model_parallel_size=2", "engine.virtual_pipeline_model_parallel_size=2",
+           "data.micro_batch_size_per_gpu=1"]  # exactly pp micro-batches deadlock (test_megatron_interleaved.py)
+    with pytest.raises(ConfigError, match=r"hangs on exactly 2, .* gets 2; raise data.train_batch_size to >= 4"):
+        validate_sft(load_config(base + vpp + ["data.train_batch_size=2"], schema=SFTConfig))
+    assert validate_sft(load_config(base + vpp + ["data.train_batch_size=4"], schema=SFTConfig)).derived.layout.vpp == 2
     monkeypatch.setenv("WORLD_SIZE", "1")
     with pytest.raises(ConfigError, match="torchrun --nproc_per_node=2"):
         validate_sft(load_config(base + ["model.path=/m"], schema=SFTConfig))

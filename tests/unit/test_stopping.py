@@ -51,3 +51,50 @@ def test_a_wrapped_stop_becomes_one_line_naming_the_last_checkpoint(tmp_path, ca
     assert capsys.readouterr().err.strip() == (f"hybridrl: stopped by SIGINT (a second signal); the last good checkpoint "
                                                f"is {tmp_path}/global_step_2 (trainer.resume_mode=auto resumes from it)")
     assert stop_in_chain(ValueError("unrelated")) is None
+
+
+def test_under_torchrun_the_grace_ends_before_torchrun_kills_the_ranks(monkeypatch):
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    assert StopSignals(grace_s=60, ranks=True).grace_s == 60  # not under torchrun: as configured
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "x")
+    monkeypatch.delenv("PET_SHUTDOWN_TIMEOUT", raising=False)
+    monkeypatch.delenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", raising=False)
+    assert StopSignals(grace_s=60, ranks=True).grace_s == 25  # torchrun's default 30 s less the margin
+    monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "120")
+    assert StopSignals(grace_s=60, ranks=True).grace_s == 60
+    assert StopSignals(grace_s=60, ranks=False).grace_s == 60  # Ray's driver: no torchrun to kill it
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_rank_that_loses_its_peers_after_a_signal_ends_as_stopped(rank, tmp_path, capsys, monkeypatch):
+    """Under torchrun: once a signal came, a peer that stopped at once makes this rank's next collective fail; that
+    ends it as the stop does (exit 143, rank 0's one line, nothing from the others), not as a traceback."""
+    monkeypatch.setenv("RANK", str(rank))
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("3\n")
+    with pytest.raises(SystemExit) as err, exit_when_stopped(TrainerConfig(default_local_dir=str(tmp_path))):
+        with StopSignals(grace_s=30, ranks=True) as s:
+            s.training = True
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert s.requested
+            raise RuntimeError("[gloo] Connection closed by peer")
+    assert err.value.code == 128 + signal.SIGTERM
+    captured = capsys.readouterr()
+    expected = (f"hybridrl: stopped by SIGTERM (then RuntimeError: another rank stopped at once); the last good "
+                f"checkpoint is {tmp_path}/global_step_3 (trainer.resume_mode=auto resumes from it)")
+    assert captured.err.strip() == (expected if rank == 0 else "")
+    assert (captured.out.startswith("hybridrl: SIGTERM received") if rank == 0 else captured.out == "")
+    with pytest.raises(ValueError), exit_when_stopped(TrainerConfig(default_local_dir=str(tmp_path))):
+        raise ValueError("no signal came: an error stays an error")
+
+
+def test_torchruns_shutdown_timeout_from_its_arguments(monkeypatch):
+    from hybridrl.trainer.stopping import shutdown_timeout_s
+
+    monkeypatch.delenv("PET_SHUTDOWN_TIMEOUT", raising=False)
+    monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "40")
+    assert shutdown_timeout_s(["--standalone", "--shutdown-timeout", "12", "-m", "x"]) == 12
+    assert shutdown_timeout_s(["--shutdown_timeout=7", "x.py"]) == 7
+    assert shutdown_timeout_s(["--nproc_per_node", "2", "x.py", "--shutdown-timeout", "9"]) == 40  # the script's
+    monkeypatch.delenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT")
+    assert shutdown_timeout_s(["-m", "hybridrl.trainer.main_sft"]) == 30

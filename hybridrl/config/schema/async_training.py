@@ -35,5 +35,6 @@ class AsyncTrainingConfig:
                                         "(paused meanwhile).", False)
     segment_tokens: int = doc("hybridrl: a request generates at most this many tokens before it looks for new "
                               "weights (partial rollout granularity).", 64)
-    queue_samples_dir: str = doc("hybridrl: where the completed samples still queued are written when the run "
-                                 "fails (relative: under trainer.default_local_dir).", "async_queue")
+    queue_samples_dir: str = doc("hybridrl: where the completed samples not trained on are written when the run "
+                                 "fails or stops early (relative: under trainer.default_local_dir); a run resumed "
+                                 "from a checkpoint trains them first, each once.", "async_queue")

@@ -70,5 +70,6 @@ class GenerationConfig:
         "rollout.n_gpus_per_node", "rollout.data_parallel_size", "rollout.load_format", "rollout.max_model_len",
         "rollout.calculate_log_probs", "rollout.log_prob_micro_batch_size", "rollout.log_prob_micro_batch_size_per_gpu",
         "rollout.log_prob_use_dynamic_bsz", "rollout.log_prob_max_token_len_per_gpu",
-        "rollout.update_weights_bucket_megabytes", "rollout.direct_weight_copy", "rollout.sync_check",
+        "rollout.update_weights_bucket_megabytes", "rollout.direct_weight_copy", "rollout.cross_gpu_zero_copy",
+        "rollout.sync_check",
         "rollout.enable_rollout_routing_replay")

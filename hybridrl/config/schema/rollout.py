@@ -61,6 +61,21 @@ class RolloutConfig:
         "Batch sizes vLLM captures CUDA graphs for; null: vLLM's sizes up to the largest batch a replica generates "
         "(train_batch_size x n or a validation batch, per replica), not its default list up to 512.", None)
     free_cache_engine: bool = doc("Sleep the engine (free weights + KV cache) after each generation.", True)
+    kv_cache_sizing: str = doc(
+        "remember | profile | plan. How vLLM sizes its KV cache at start-up (gpu_memory_utilization's share of the "
+        "GPU less weights and activations). profile: vLLM measures it every start (a profiling forward, then a "
+        "capture of two CUDA graphs per mode for their memory). remember: vLLM measures it once per machine and "
+        "engine config and later starts reuse that size (vLLM's VLLM_ENABLE_STARTUP_PLAN, kept beside its compile "
+        "cache) while the GPU has at least as much free memory as then, else measure again. plan: the size "
+        "`hybridrl plan` gives (its rollout_kv_cache), no measurement at all; an activation estimate below vLLM's "
+        "real peak can run out of memory mid-rollout. engine_kwargs.vllm.kv_cache_memory_bytes overrides all three. "
+        "profile stays the default until remember has run on a GPU (the startup_smol row measures it).",
+        "profile")
+    lora_base_resident: str = doc(
+        "auto | true | false. LoRA with the adapter-only sync (model.lora_rank > 0, lora.merge=false) on vLLM: the "
+        "frozen base stays on the GPU while the engine sleeps and only the KV cache is freed, so no sleep or wake "
+        "copies it (false: vLLM's level-1 sleep, the base to host memory and back every step). auto: true when "
+        "`hybridrl plan` finds every phase fits with the base counted in the training phases, else false.", "auto")
     tensor_model_parallel_size: int = doc("tp_g: GPUs per rollout replica.", 2)
     nnodes: int = doc("Nodes of the rollout's own GPUs when actor_rollout_ref.hybrid_engine=false (0: colocated).", 0)
     n_gpus_per_node: int = doc("The rollout's own GPUs per node (on CPU: processes) when "
@@ -98,6 +113,10 @@ class RolloutConfig:
     direct_weight_copy: bool = doc("Copy the actor's shards straight into the engine's weights where the layouts "
                                    "match (proven against load_weights at the first sync); false: always stream.",
                                    True)
+    cross_gpu_zero_copy: bool = doc(
+        "Where the rollout layout needs pieces other GPUs train (e.g. tp2 -> tp_g1, pp2 -> tp_g2), send each piece "
+        "from the actor's storage straight into the engine's weight when both are contiguous and of one dtype; "
+        "false: every such piece goes through staging buffers (bucket-sized rounds).", True)
     sync_check: SyncCheckConfig = field(default_factory=SyncCheckConfig)
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     enable_rollout_routing_replay: bool = doc(

@@ -115,6 +115,12 @@ class SFTTrainerConfig:
     backend: str = doc("local (torchrun, one process per rank: verl's SFT launch) | ray.", "local")
     worker_timeout_s: float = 1800.0
     dist_timeout_s: float = 600.0
+    stop_grace_s: float = doc(
+        "After SIGTERM/SIGINT, the run finishes the step in flight and saves it; if that takes longer than this "
+        "(under torchrun: at most its shutdown timeout less 5 s), it stops at once naming the last good checkpoint. "
+        "A second signal stops at once.", 60.0)
+    numa_affinity: bool = doc("Pin each GPU worker to the CPU cores of its GPU's NUMA node, as trainer.numa_affinity "
+                              "does for RL.", False)
     export_hf: bool = doc("Each saved step also holds huggingface/ (safetensors + config + tokenizer): an RL run "
                           "starts from it with actor_rollout_ref.model.path=.../global_step_N/huggingface.", True)
 

@@ -46,6 +46,11 @@ class TrainerConfig:
     numa_affinity: bool = doc("Pin each GPU worker to the CPU cores of its GPU's NUMA node (sysfs local_cpulist); "
                               "no effect on CPU or where the kernel lists none.", False)
     on_nonfinite: str = doc("error | skip: what a NaN/Inf loss or grad norm does to the step.", "error")
+    memory_check: str = doc(
+        "error | warn | skip: on GPUs, before Ray and the workers start, the job's memory plan (`hybridrl plan`) for "
+        "the smallest GPU this process sees; error stops a job with a phase that does not fit, naming the phase and "
+        "the keys to turn; warn logs that and starts anyway (the plan is a model: measured peaks 0.83-1.14x of it); "
+        "skip skips it. Skipped, with a logged line, on a Ray cluster the trainer joins.", "error")
     max_time_s: Optional[float] = doc("Stop after the step that passes this many seconds of training (then the "
                                       "final validation and checkpoint run); null: no limit.", None)
     one_step_off_policy: bool = doc(
@@ -53,8 +58,9 @@ class TrainerConfig:
         "each batch is one policy version old and corrected by importance weights against the rollout's log-probs.",
         False)
     stop_grace_s: float = doc(
-        "After SIGTERM/SIGINT (Ray backend), the run finishes the step in flight and saves it; if that takes longer "
-        "than this, it stops at once naming the last good checkpoint. A second signal stops at once.", 60.0)
+        "After SIGTERM/SIGINT, the run finishes the step in flight and saves it; if that takes longer than this "
+        "(under torchrun: at most its shutdown timeout less 5 s), it stops at once naming the last good checkpoint. "
+        "A second signal stops at once.", 60.0)
     overwrite_existing_run: bool = doc(
         "With resume_mode=disable, a default_local_dir that already holds a run (global_step_* folders, the latest "
         "marker, logs/) is refused; true deletes those first and starts afresh there. Other files are left alone.",
@@ -68,3 +74,6 @@ class TrainerConfig:
 class RayKwargsConfig:
     ray_init: dict[str, Any] = field(default_factory=lambda: {"num_cpus": None})
     timeline_json_file: Optional[str] = None
+    connect_timeout_s: float = doc(
+        "Joining a running cluster (ray_init.address, or RAY_ADDRESS): seconds its head may take to answer before "
+        "the driver stops with an error naming the address (ray.init alone retries for ~14 minutes).", 30.0)

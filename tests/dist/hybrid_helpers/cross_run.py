@@ -4,7 +4,7 @@ layout here needs pieces that other ranks hold.
 
     python -m torch.distributed.run --nproc_per_node=4 --standalone cross_run.py OUT_DIR HF_DIR
 
-For each layout in LAYOUTS: build the actor, a WeightSync per rollout tp_g; the first sync of each goes the
+For each layout in LAYOUTS: build the actor, a WeightSync per rollout tp_g (view to view or staged); the first sync of each goes the
 bucketed way and proves the copies; one PPO update; then each WeightSync syncs again (local + cross-GPU copies,
 no export) and the rank records: the engine's weights against the actor's bucketed export of the trained weights
 (full HF tensors, collective: an independent path through the tp all-gathers and pp broadcasts), the rollout
@@ -26,8 +26,9 @@ from transformers import AutoConfig
 from hybridrl.hybrid import ReshardPlan, SyncOptions, WeightSync, WeightSyncError, generate_sequences, logprob_gap
 from hybridrl.rollout.torch_engine import TorchRolloutEngine
 
-# (tp, pp, rollout tp_g values): tp2 x dp2 -> tp_g1 x dp_g4; pp2 x dp2 -> tp_g2 and tp_g1; tp2 x pp2 -> tp_g2
-LAYOUTS = ((2, 1, (1,)), (1, 2, (2, 1)), (2, 2, (2,)))
+# (tp, pp, ((rollout tp_g, zero copy), ...)): tp2 x dp2 -> tp_g1 x dp_g4 view to view and staged; pp2 x dp2 -> tp_g2
+# view to view, tp_g1 staged; tp2 x pp2 -> tp_g2 view to view
+LAYOUTS = ((2, 1, ((1, True), (1, False))), (1, 2, ((2, True), (1, False))), (2, 2, ((2, True),)))
 BUCKET_BYTES = 48 * 1024  # small: several rounds of staging for a tiny model
 CORRUPT_RANK = 1
 
@@ -55,25 +56,25 @@ def run_layout(hf_dir, hf_cfg, engine, tp, pp, tp_gs, step) -> list[dict]:
     world = dist.get_world_size()
     layout = layout_for(world, tp=tp, pp=pp)
     actor = build_actor(hf_dir, layout)
-    syncs = {tp_g: (WeightSync(actor, engine, SyncOptions(bucket_bytes=BUCKET_BYTES)),
-                    ReshardPlan(world, layout.tp, layout.pp, layout.dp, tp_g)) for tp_g in tp_gs}
+    syncs = {(tp_g, zc): (WeightSync(actor, engine, SyncOptions(bucket_bytes=BUCKET_BYTES, zero_copy=zc)),
+                          ReshardPlan(world, layout.tp, layout.pp, layout.dp, tp_g)) for tp_g, zc in tp_gs}
     first = {}
-    for tp_g, (sync, plan) in syncs.items():
-        first[tp_g] = sync_once(sync, plan, actor, hf_cfg.vocab_size, step)
+    for key, (sync, plan) in syncs.items():
+        first[key] = sync_once(sync, plan, actor, hf_cfg.vocab_size, step)
         step += 1
     part, logp = first[tp_gs[0]][:2]
     update = ppo_update(actor, part, logp, step)
     results = []
-    for tp_g, (sync, plan) in syncs.items():
+    for (tp_g, zc), (sync, plan) in syncs.items():
         _, _, metrics, gap, seconds = sync_once(sync, plan, actor, hf_cfg.vocab_size, step)
         ref = exported(actor)
         weights = engine.named_weights()
         results.append({
-            "tp": tp, "pp": pp, "dp": layout.dp, "tp_g": tp_g, "seconds": seconds,
+            "tp": tp, "pp": pp, "dp": layout.dp, "tp_g": tp_g, "zero_copy": zc, "seconds": seconds,
             "update_applied": update.get("actor/update_applied"),
-            "first_metrics": {k: v for k, v in first[tp_g][2].items() if not k.startswith("timing")},
+            "first_metrics": {k: v for k, v in first[(tp_g, zc)][2].items() if not k.startswith("timing")},
             "metrics": {k: v for k, v in metrics.items() if not k.startswith("timing")},
-            "gap": gap, "first_gap": first[tp_g][3],
+            "gap": gap, "first_gap": first[(tp_g, zc)][3],
             "mismatches": sorted(n for n, t in ref.items() if not torch.equal(weights[n], t)),
             "reference_tensors": len(ref),
             "remote_names": sorted(sync._remote.names) if sync._remote is not None else [],
@@ -90,15 +91,15 @@ def run_layout(hf_dir, hf_cfg, engine, tp, pp, tp_gs, step) -> list[dict]:
 
 
 def corrupt_and_sync(sync: WeightSync, plan: ReshardPlan, actor, vocab: int, step: int) -> str:
-    """One rank adds 1 to the last piece it received, after the copy: its check must name that piece."""
+    """One rank adds 1 to the last piece it received (view to view or staged), after the copy: its check must name
+    that piece."""
     remote = sync._remote
     if dist.get_rank() == CORRUPT_RANK and remote is not None:
         run = remote.run
 
         def run_then_corrupt(compare=False):
             failed = run(compare)
-            received = [u for rnd in remote.rounds for u in rnd.unpack]
-            received[-1][1].add_(1.0)
+            remote._views[max(remote._views)].add_(1.0)
             return failed
         remote.run = run_then_corrupt
     try:
@@ -113,12 +114,8 @@ def corrupt_and_sync(sync: WeightSync, plan: ReshardPlan, actor, vocab: int, ste
     return caught
 
 
-def main() -> None:
-    from hybridrl.adapters.megatron.parallel import ensure_process_group
-
-    torch.set_num_threads(1)
-    ensure_process_group(timeout_s=120)
-    out_dir, hf_dir = sys.argv[1], sys.argv[2]
+def run(out_dir: str, hf_dir: str) -> None:
+    """Every layout (the process group is up); this rank's reports in OUT_DIR/rank<RANK>.json."""
     hf_cfg = AutoConfig.from_pretrained(hf_dir, local_files_only=True)
     engine = TorchRolloutEngine(hf_cfg, pad_token_id=0)
     results = []
@@ -127,6 +124,14 @@ def main() -> None:
     with open(os.path.join(out_dir, f"rank{dist.get_rank()}.json"), "w") as f:
         json.dump(results, f)
     dist.barrier()
+
+
+def main() -> None:
+    from hybridrl.adapters.megatron.parallel import ensure_process_group
+
+    torch.set_num_threads(1)
+    ensure_process_group(timeout_s=120)
+    run(sys.argv[1], sys.argv[2])
     dist.destroy_process_group()
 
 

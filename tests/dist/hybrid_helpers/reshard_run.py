@@ -29,9 +29,9 @@ from transformers import AutoConfig
 
 from hybridrl.adapters.base import ActorModel
 from hybridrl.adapters.megatron import weights as megatron_weights
+from hybridrl.config.layout import BatchPlan
 from hybridrl.config.schema.actor import ActorConfig, ModelConfig
 from hybridrl.config.schema.common import MegatronConfig, OptimConfig
-from hybridrl.config.layout import BatchPlan
 from hybridrl.hybrid import ReshardPlan, SyncOptions, WeightSync, generate_sequences, logprob_gap
 from hybridrl.protocol import DataProto
 from hybridrl.rollout.base import SamplingParams
@@ -219,27 +219,35 @@ def run_layout(hf_dir, hf_cfg, reference, engine, ref_engine, tp, pp, ep, step) 
     return results
 
 
+def run(out_dir: str, hf_dirs: list[str]) -> None:
+    """Every layout of every model (the process group is up); this rank's reports in OUT_DIR/rank<RANK>.json."""
+    default_gather = megatron_weights.GATHER_BYTES
+    megatron_weights.GATHER_BYTES = GATHER_BYTES
+    results: list = []
+    try:
+        for hf_dir in hf_dirs:
+            hf_cfg = AutoConfig.from_pretrained(hf_dir, local_files_only=True)
+            reference = load_file(os.path.join(hf_dir, "model.safetensors"))
+            engine = TorchRolloutEngine(hf_cfg, pad_token_id=0)  # one engine per model, re-synced every step
+            ref_engine = reference_engine(hf_cfg, reference)
+            layouts = MOE_LAYOUTS if "moe" in hf_cfg.model_type else LAYOUTS
+            for i, (tp, pp, ep) in enumerate(layouts):
+                for r in run_layout(hf_dir, hf_cfg, reference, engine, ref_engine, tp, pp, ep, step=10 * i):
+                    r.update(model=os.path.basename(hf_dir), ep=ep)
+                    results.append(r)
+    finally:
+        megatron_weights.GATHER_BYTES = default_gather
+    with open(os.path.join(out_dir, f"rank{dist.get_rank()}.json"), "w") as f:
+        json.dump(results, f)
+    dist.barrier()
+
+
 def main() -> None:
     from hybridrl.adapters.megatron.parallel import ensure_process_group
 
     torch.set_num_threads(1)
-    megatron_weights.GATHER_BYTES = GATHER_BYTES
     ensure_process_group(timeout_s=120)
-    out_dir, hf_dirs = sys.argv[1], sys.argv[2:]
-    results: list = []
-    for hf_dir in hf_dirs:
-        hf_cfg = AutoConfig.from_pretrained(hf_dir, local_files_only=True)
-        reference = load_file(os.path.join(hf_dir, "model.safetensors"))
-        engine = TorchRolloutEngine(hf_cfg, pad_token_id=0)  # one engine per model, re-synced every step
-        ref_engine = reference_engine(hf_cfg, reference)
-        layouts = MOE_LAYOUTS if "moe" in hf_cfg.model_type else LAYOUTS
-        for i, (tp, pp, ep) in enumerate(layouts):
-            for r in run_layout(hf_dir, hf_cfg, reference, engine, ref_engine, tp, pp, ep, step=10 * i):
-                r.update(model=os.path.basename(hf_dir), ep=ep)
-                results.append(r)
-    with open(os.path.join(out_dir, f"rank{dist.get_rank()}.json"), "w") as f:
-        json.dump(results, f)
-    dist.barrier()
+    run(sys.argv[1], sys.argv[2:])
     dist.destroy_process_group()
 
 

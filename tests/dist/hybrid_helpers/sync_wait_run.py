@@ -1,8 +1,8 @@
-"""Driver run by each of 2 torchrun ranks (gloo): one WeightSync whose rank 1 offloads late.
+"""Driver run by each of 2 torchrun ranks (gloo): one WeightSync whose rank 1 offloads or wakes its engine late.
 
-    python -m torch.distributed.run --nproc_per_node=2 --standalone sync_wait_run.py OUT_DIR LATE_S
+    python -m torch.distributed.run --nproc_per_node=2 --standalone sync_wait_run.py OUT_DIR LATE_S offload|wake
 
-Rank 1's actor.offload sleeps LATE_S seconds (a slow host copy on one GPU). Each rank writes
+Rank 1's actor.offload (or its engine's wake_up) sleeps LATE_S seconds (a slow host copy on one GPU). Each rank writes
 OUT_DIR/rank<RANK>.json with its sync metrics; the test checks where rank 0's wait was counted.
 """
 from __future__ import annotations
@@ -28,6 +28,7 @@ class LateActor(StubActor):
         self.weights = {f"model.layers.{i}.w": torch.full((64,), float(i)) for i in range(4)}
 
     def export_weights(self, bucket_bytes, names=None):
+        dist.barrier()  # collective, as megatron's export and the cross-GPU copy are: it waits for the peer
         yield [(n, t.clone()) for n, t in self.weights.items() if names is None or n in names]
 
     def offload(self, params, grads, optimizer):
@@ -38,8 +39,12 @@ class LateActor(StubActor):
 class DictEngine(RolloutEngine):
     checksum_rtol = 0.0
 
-    def __init__(self):
+    def __init__(self, wake_s: float = 0.0):
         self.held: dict[str, torch.Tensor] = {}
+        self.wake_s = wake_s
+
+    def wake_up(self, tags=None):
+        time.sleep(self.wake_s)
 
     def generate(self, prompts, sampling):
         raise NotImplementedError
@@ -52,10 +57,12 @@ class DictEngine(RolloutEngine):
 
 
 def main() -> None:
-    out, late = sys.argv[1], float(sys.argv[2])
+    out, late, where = sys.argv[1], float(sys.argv[2]), sys.argv[3]
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    sync = WeightSync(LateActor(late if rank == 1 else 0.0), DictEngine(), SyncOptions())
+    delay = late if rank == 1 else 0.0
+    actor = LateActor(delay if where == "offload" else 0.0)
+    sync = WeightSync(actor, DictEngine(delay if where == "wake" else 0.0), SyncOptions())
     with sync.rollout_phase(step=0) as metrics:
         pass
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:

@@ -1,7 +1,9 @@
-"""One torchrun launch of the LoRA checks in one layout (tp = world size / pp); writes rank<N>.json.
+"""One torchrun launch of the LoRA checks in one layout (tp = world size / pp), or in several one after the other
+(their argument lists separated by --next; megatron's groups rebuilt for each, as run_layout.py does); writes
+rank<N>.json in each layout's --out.
 
     python -m torch.distributed.run --nproc_per_node=N --standalone lora_run.py --models DIR --out DIR [--pp P --vpp V]
-        [--save-ckpt DIR] [--export DIR] [--resume-ckpt DIR]
+        [--save-ckpt DIR] [--export DIR] [--resume-ckpt DIR] [--next --models DIR --out DIR2 ...]
 
 With the PEFT adapter the test saved (models/adapter, random non-zero A and B) loaded through lora_adapter_path:
 log-probs vs peft's (lora_refs.pt), the reference (adapters off) vs the base model's, the adapters' gradients of
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import os
 import sys
 
@@ -24,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
 
 import tiny  # noqa: E402
-from run_layout import actor_cfgs, batch_plan, finish, ppo_data  # noqa: E402
+from run_layout import actor_cfgs, batch_plan, ppo_data, write_results  # noqa: E402
 
 from hybridrl.adapters.megatron import parallel  # noqa: E402
 from hybridrl.config.schema.actor import ModelConfig, RefConfig  # noqa: E402
@@ -121,6 +124,7 @@ def run(args, layout) -> dict:
     # recomputed layers must get theirs
     recomputed = check_grads(build(args, layout, adapter=True, recompute=True), refs, layout)
     out["recompute_grad_rel_diff"] = recomputed["grad_rel_diff"]
+    list(actor.export_adapter_weights(1 << 16))  # the adapter export's plan is cut here, before the update moves them
     before = base_checksum(actor)
     out["update"] = actor.update_policy(ppo_data(layout))
     out["base_unchanged"] = base_checksum(actor) == before
@@ -141,10 +145,50 @@ def run(args, layout) -> dict:
         resumed.load_checkpoint(args.resume_ckpt)
         out["resumed_log_probs"] = log_probs(resumed, refs).tolist()
         out["resumed_update2"] = resumed.update_policy(ppo_data(layout))  # the optimizer state came along
+    out.update(check_adapter_export(actor, layout))  # last: it gives one adapter new storage
+    return out
+
+
+def check_adapter_export(actor, layout) -> dict:
+    """actor.export_adapter_weights (lora_io.AdapterExport: at tp 1, pp 1 views planned once, before the updates)
+    against the unplanned export_adapter, bitwise: after two updates moved the adapters in place, and after one
+    adapter parameter got new storage, where a view planned before would send the old values (which the sync's
+    checksums, taken from what is sent, could not tell)."""
+    from hybridrl.adapters.megatron.lora import adapter_params
+    from hybridrl.adapters.megatron.lora_io import export_adapter
+
+    def exported(buckets) -> dict:
+        return {n: t.detach().clone() for b in buckets for n, t in b}
+
+    def same() -> bool:
+        planned = exported(actor.export_adapter_weights(1 << 16))
+        plain = exported(export_adapter(actor.engine.chunks, actor.arch, layout, actor.lora, 1 << 16))
+        return sorted(planned) == sorted(plain) and all(torch.equal(planned[n], plain[n]) for n in plain)
+
+    out = {"export_planned_after_updates": same()}
+    p = adapter_params(actor.engine.chunks)[0]
+    old = p.data
+    with torch.no_grad():
+        p.data = old.clone() + 1.0
+    out["export_planned_after_new_storage"] = same()
+    out["new_storage_differs"] = not torch.equal(old, p.data)
     return out
 
 
 def main() -> None:
+    layouts: list[list[str]] = [[]]
+    for a in sys.argv[1:]:
+        if a == "--next":
+            layouts.append([])
+        else:
+            layouts[-1].append(a)
+    parallel.ensure_process_group(timeout_s=300)
+    for argv in layouts:
+        run_layout(argv)
+    dist.destroy_process_group()
+
+
+def run_layout(argv: list[str]) -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--models", required=True)
     p.add_argument("--out", required=True)
@@ -153,13 +197,14 @@ def main() -> None:
     p.add_argument("--resume-ckpt", default=None)
     p.add_argument("--pp", type=int, default=1)
     p.add_argument("--vpp", type=int, default=None)
-    args = p.parse_args()
-    parallel.ensure_process_group(timeout_s=300)
+    args = p.parse_args(argv)
     world = dist.get_world_size()
     args.tp, args.sp, args.ep = world // args.pp, False, 1
     layout = parallel.layout_for(world, tp=args.tp, pp=args.pp, vpp=args.vpp)
     parallel.init_megatron(layout, seed=7)
-    finish(args.out, {"rank": dist.get_rank(), **run(args, layout)})
+    write_results(args.out, {"rank": dist.get_rank(), **run(args, layout)})
+    parallel.destroy_megatron()
+    gc.collect()
 
 
 if __name__ == "__main__":

@@ -1,16 +1,21 @@
-"""One torchrun launch = one megatron layout; runs every check of that layout and writes JSON per rank.
+"""One torchrun launch runs every check of a megatron layout and writes JSON per rank; several layouts of the same
+number of ranks can share the launch, their argument lists separated by --next.
 
     python -m torch.distributed.run --nproc_per_node=N --standalone run_layout.py \
         --models DIR --out DIR --tp T --pp P [--vpp V] [--ep E --sp] --tasks parity,packed,ppo,resume,moe_ppo \
-        [--packed] [--save-ckpt DIR] [--resume-ckpt DIR]
-        [--save-ckpt DIR] [--resume-ckpt DIR]
+        [--packed] [--save-ckpt DIR] [--resume-ckpt DIR] [--next --models DIR --out DIR2 ...]
 
-Batching many checks into one launch keeps the CPU suite fast (start-up is ~5-11 s per launch).
+Batching many checks into one launch keeps the CPU suite fast (start-up is ~5-11 s per launch, more with 4 ranks
+on 2 cores: each rank imports torch, transformers and megatron-core). Layouts of one launch run one after the
+other in the same process group; megatron's groups are torn down and built again for each (parallel.destroy_megatron,
+as hybrid_helpers/reshard_run.py does), and what a layout's checks set in a module (forward.CHUNK_TOKENS) is put back
+before the next one, so each layout runs as it would in a launch of its own.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import os
 import sys
@@ -25,10 +30,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirna
 import tiny  # noqa: E402
 
 from hybridrl.adapters.megatron import parallel  # noqa: E402
+from hybridrl.config.layout import BatchPlan  # noqa: E402
 from hybridrl.config.schema.actor import ActorConfig, ModelConfig, RefConfig  # noqa: E402
 from hybridrl.config.schema.common import MegatronConfig, OptimConfig  # noqa: E402
 from hybridrl.config.schema.critic import CriticConfig, CriticModelConfig  # noqa: E402
-from hybridrl.config.layout import BatchPlan  # noqa: E402
 from hybridrl.protocol import DataProto  # noqa: E402
 
 N_SAMPLES = 12  # global batch of the PPO checks
@@ -340,7 +345,7 @@ def check_moe_grads(args, layout) -> dict:
         mbs = actor._micro_batches(DataProto.from_dict(batch), [], 8, None)
         weights = grads["weights"]
 
-        def loss_fn(logits, mb):
+        def loss_fn(logits, mb, ref=ref, weights=weights):  # this model's, bound now (run before the next one)
             logp = response_log_probs(logits, mb, tiny.VOCAB, ref["temperature"], with_entropy=False).log_probs
             return (logp * weights[mb.rows]).sum(), {}
 
@@ -436,6 +441,22 @@ def run_resume_same_layout(args, layout) -> dict:
 
 
 def main() -> None:
+    argv, layouts = sys.argv[1:], [[]]
+    for a in argv:
+        if a == "--next":
+            layouts.append([])
+        else:
+            layouts[-1].append(a)
+    parallel.ensure_process_group(timeout_s=300)
+    for layout_argv in layouts:
+        run_layout(layout_argv)
+    dist.destroy_process_group()
+
+
+def run_layout(argv: list[str]) -> None:
+    from hybridrl.adapters.megatron import forward
+
+    chunk_tokens = forward.CHUNK_TOKENS
     p = argparse.ArgumentParser()
     p.add_argument("--models", required=True)
     p.add_argument("--out", required=True)
@@ -454,9 +475,8 @@ def main() -> None:
     p.add_argument("--dist-opt", default="0", help="comma list of 0/1: distributed optimizer off/on")
     p.add_argument("--save-ckpt", default=None)
     p.add_argument("--resume-ckpt", default=None)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     args.dist_opt = [int(x) for x in args.dist_opt.split(",")]
-    parallel.ensure_process_group(timeout_s=300)
     layout = parallel.layout_for(dist.get_world_size(), tp=args.tp, pp=args.pp, vpp=args.vpp, ep=args.ep,
                                  sequence_parallel=args.sp)
     parallel.init_megatron(layout, seed=7)
@@ -491,15 +511,23 @@ def main() -> None:
         t1 = time.time()
         out["resume"] = run_resume_same_layout(args, layout)
         out["timings"]["resume"] = time.time() - t1
-    finish(args.out, out)
+    write_results(args.out, out)
+    parallel.destroy_megatron()
+    forward.CHUNK_TOKENS = chunk_tokens
+    gc.collect()
 
 
-def finish(out_dir: str, out: dict) -> None:
-    """This rank's results as rank<N>.json for the test, then leave the process group together."""
+def write_results(out_dir: str, out: dict) -> None:
+    """This rank's results as rank<N>.json for the test; returns once every rank has written its own."""
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, f"rank{dist.get_rank()}.json"), "w") as f:
         json.dump(out, f, indent=1)
     dist.barrier()
+
+
+def finish(out_dir: str, out: dict) -> None:
+    """This rank's results as rank<N>.json for the test, then leave the process group together."""
+    write_results(out_dir, out)
     dist.destroy_process_group()
 
 

@@ -1,0 +1,54 @@
+"""utils/cuda_libs: transformer-engine is pointed at torch's pip cuDNN, never over a user's choice."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from hybridrl.utils.cuda_libs import pin_cudnn_for_transformer_engine, torch_cudnn_home
+
+
+def _fake_nvidia(root, with_lib: bool = True) -> str:
+    lib = root / "nvidia" / "cudnn" / "lib"
+    lib.mkdir(parents=True)
+    (root / "nvidia" / "__init__.py").write_text("")
+    if with_lib:
+        (lib / "libcudnn.so.9").write_bytes(b"")
+    return str(root / "nvidia" / "cudnn")
+
+
+def test_torch_cudnn_home_finds_the_pip_copy(tmp_path, monkeypatch):
+    home = _fake_nvidia(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "nvidia", raising=False)
+    assert torch_cudnn_home() == home
+
+
+def test_no_pip_cudnn_no_answer(tmp_path, monkeypatch):
+    _fake_nvidia(tmp_path, with_lib=False)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "nvidia", raising=False)
+    monkeypatch.setattr(sys, "path", [str(tmp_path)])
+    assert torch_cudnn_home() is None
+
+
+def test_pin_sets_cudnn_home_only_when_the_user_did_not():
+    env: dict[str, str] = {}
+    assert pin_cudnn_for_transformer_engine(env, home="/x/nvidia/cudnn") == "/x/nvidia/cudnn"
+    assert env == {"CUDNN_HOME": "/x/nvidia/cudnn"}
+    for key in ("CUDNN_HOME", "CUDNN_PATH"):
+        env = {key: "/opt/cudnn"}
+        assert pin_cudnn_for_transformer_engine(env, home="/x/nvidia/cudnn") is None
+        assert env == {key: "/opt/cudnn"}
+
+
+def test_importing_hybridrl_pins_it_before_anything_else(tmp_path):
+    # a fresh interpreter whose only pip cuDNN is the fake one: `import hybridrl` alone sets CUDNN_HOME to it
+    home = _fake_nvidia(tmp_path)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {k: v for k, v in os.environ.items() if k not in ("CUDNN_HOME", "CUDNN_PATH")}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), root])
+    out = subprocess.run([sys.executable, "-c", "import os, hybridrl; print(os.environ.get('CUDNN_HOME'))"],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == home
