@@ -385,10 +385,10 @@ def startup_smol(c: Context) -> Actions:
 
 def startup_7b(c: Context) -> Actions:
     """four_gpu.py's 7b_big_1gpu for two steps (tag startup), then the report over the same OUT (with startup_smol's
-    runs where they are there)."""
+    runs where they are there). MODELS: where four_gpu.py finds or builds its random model (m_SHAPE)."""
     name = "tiny_1" if c.cpu else "7b_big_1gpu"
     yield Command((c.python, "benchmarks/four_gpu.py", "run", name, "--steps", "2", "--tag", "startup", "--out", c.out,
-                   "--budget", "540", "--override", "actor_rollout_ref.rollout.kv_cache_sizing=remember",
+                   "--models", c.knob("MODELS"), "--budget", "540", "--override", "actor_rollout_ref.rollout.kv_cache_sizing=remember",
                    *(("--cpu",) if c.cpu else ())))
     yield startup_report(c)
 
@@ -447,7 +447,7 @@ ROWS = [
     row("startup_smol", "issue 39: the SmolLM2 job's start-up table, cold (empty vLLM/Triton caches) then warm, "
         "two steps each (startup_bench.py)", startup_smol, results=("startup.json",), cpu=True),
     row("startup_7b", "issue 39: the 7B shape's start-up table (four_gpu 7b_big_1gpu, two steps), then the report",
-        startup_7b, results=("startup.json",), cpu=True),
+        startup_7b, results=("startup.json",), cpu=True, knobs={"MODELS": "/tmp"}),
     row("lora_report", "issue 40: lora_bench.py's report over OUT/lora_* (LoRA vs full: sync, peak memory, gap, "
         "val gain)", lora_report, results=("lora.json",), gpus=0, cpu=True),
 ]

@@ -16,7 +16,8 @@ A knob is a row's parameter with a default (`show` lists them): `--set KNOB=V`, 
 shell runners read it. Shell is for staging only: gpu_run.sh stage (the offline bundle), the bundle's unpack.sh,
 peer_verl/run.sh stage|stage_megatron; gpu_run.sh, multi_gpu_run.sh and peer_verl/run.sh forward any other mode here.
 Results land in benchmarks/results/NAME.json + .md (DEVELOPERS.md); the history of runs is in those .md files.
-tests/unit/test_run_table.py lists every row's commands and checks their arguments and configs on CPU.
+tests/unit/test_run_table.py lists every row's commands and checks their arguments and configs on CPU;
+tests/e2e/test_run_table_dry.py runs every row's dry run.
 """
 from __future__ import annotations
 

@@ -72,15 +72,28 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _session_kill(proc: subprocess.Popen) -> None:
+def _signal_session(proc: subprocess.Popen, sig: int) -> None:
     try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _stop_nodes(nodes: list, grace_s: float = 5.0) -> None:
+    """SIGTERM every node's session at once, then SIGKILL what is left of them after `grace_s`. The job has ended
+    when this runs; a `ray start --block` node given SIGTERM drains for up to 30 s before it stops its processes,
+    which added 30 s a node to every run (the nodes were stopped one after the other)."""
+    for p in nodes:
+        _signal_session(p, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for p in nodes:
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
             pass
+    for p in nodes:  # the raylet and the workers of a node whose `ray start` already exited, too
+        _signal_session(p, signal.SIGKILL)
+        p.wait()
 
 
 def _wait_for_nodes(env: dict, port: int, n: int, nodes: list, timeout: float = 120) -> None:
@@ -144,8 +157,7 @@ def run_one(run: Run, out_dir: str, cpu: bool, model: str, data: tuple[str, str]
         result = {"name": run.name, "nodes": run.nodes, "gpus": gpus, "rc": rc, "wall_s": time.monotonic() - start,
                   "env": run.env, "per_node_hostid": run.per_node_hostid}
     finally:
-        for p in reversed(nodes):
-            _session_kill(p)
+        _stop_nodes(nodes)
         shutil.rmtree(ray_tmp, ignore_errors=True)
     json.dump(result, open(os.path.join(out_dir, "run.json"), "w"), indent=1)
     return result

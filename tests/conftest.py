@@ -61,6 +61,18 @@ def _suite_temp_folder(tmp_path_factory):
     shutil.rmtree(path, ignore_errors=True)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _run_table_dry(request, tmp_path_factory, _suite_temp_folder):
+    """tests/e2e/test_run_table_dry.py's dry rows start with the session and run beside the other tests (which keep
+    about one of CI's 2 cores busy), so that their ~5 minutes mostly overlap the rest of the suite; None when the
+    session selects none of them. Stopped (every row's process group killed) before the temp folder goes."""
+    items = [i for i in request.session.items if getattr(i, "originalname", "") == "test_dry_run"]
+    table = items[0].module.start_table(request.session, tmp_path_factory) if items else None
+    yield table
+    if table is not None:
+        table.stop()
+
+
 def _this_process_temp_dirs() -> set[str]:
     """wandb's two temp folders of this pytest process (megatron-core imports wandb): they go at its exit."""
     found = set()

@@ -9,7 +9,7 @@ command it would run is checked as far as this machine can:
 - a tests/gpu file, a shell script and verl's launcher must exist (shell: `bash -n` too); `python -c` code and a
   script without options compile.
 The table runners' rows (four_gpu.py, async_rl.py, agent_tools.py) also have the trainer configs they launch
-validated. One row runs for real in tests/e2e/test_run_table_dry.py.
+validated. Every row with a CPU form runs its dry run for real in tests/e2e/test_run_table_dry.py.
 """
 from __future__ import annotations
 
