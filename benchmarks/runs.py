@@ -37,7 +37,7 @@ import rows_two_gpu  # noqa: E402
 import two_nodes  # noqa: E402
 from peer_verl import rows as peer_rows  # noqa: E402
 from rows_one_gpu import ENV, SMOL, build_model  # noqa: E402
-from runner import Actions, Command, Context, Run, listing, perform  # noqa: E402
+from runner import CALL_CAP_S, Actions, Command, Context, Run, listing, perform  # noqa: E402
 
 
 def command(*argv: str):
@@ -73,15 +73,42 @@ def report(*argv: str):
     return steps
 
 
+# async_rl.py's knobs by machine size: the 4-GPU runs as they were (20 steps, no guard, the whole test set); the 2-GPU
+# runs sized to ~10.5 minutes of an H200 for the three (async_rl.py's docstring has the estimate), each stopped after
+# the step past TRAIN_TIME_S s of training (then validated) and, at worst, at CAP_S s of wall clock
+ASYNC_KNOBS = {4: {"STEPS": "20", "TRAIN_TIME_S": "", "CAP_S": "", "VAL_SAMPLES": ""},
+               2: {"STEPS": "3", "TRAIN_TIME_S": "120", "CAP_S": "360", "VAL_SAMPLES": "64"}}
+ASYNC_OPTIONS = {"STEPS": "--steps", "TRAIN_TIME_S": "--max-time-s", "CAP_S": "--cap-s", "VAL_SAMPLES": "--val-samples"}
+
+
 def async_rl_rows() -> list[Run]:
+    """async_rl.py's runs: `async_rl_NAME` runs `async_rl.py run NAME` into OUT/async_rl (its CPU form: `dry-run NAME`,
+    3 steps on the demo, knobs unused); the 2-GPU rows (issue 37's runs halved) are read by async_rl_report_2gpu."""
     def steps(name: str):
         def run(c: Context) -> Actions:
             out = c.path("async_rl")
-            yield Command((c.python, "benchmarks/async_rl.py", *(("dry-run", name) if c.cpu else ("run", name, "--model", SMOL)),
-                           "--out", out, *c.args))
+            if c.cpu:
+                yield Command((c.python, "benchmarks/async_rl.py", "dry-run", name, "--out", out, *c.args))
+                return
+            knobs = tuple(w for k, option in ASYNC_OPTIONS.items() if c.knob(k) for w in (option, c.knob(k)))
+            yield Command((c.python, "benchmarks/async_rl.py", "run", name, "--model", SMOL, *knobs, "--out", out,
+                           *c.args))
         return run
     return [Run(f"async_rl_{name}", f"issue 37: {name} on {r.gpus} GPUs (async_rl.py)", steps(name), gpus=r.gpus,
-                results=("async_rl.json",), cpu=True, env=ENV) for name, r in async_rl.RUNS.items()]
+                cap_s=async_cap_s(ASYNC_KNOBS[r.gpus]), results=(async_rl.RESULTS[r.gpus],), knobs=ASYNC_KNOBS[r.gpus],
+                cpu=True, env=ENV) for name, r in async_rl.RUNS.items()]
+
+
+def async_cap_s(knobs: dict[str, str]) -> int:
+    """The longest a row's run can take: its CAP_S, then the SIGTERM's grace (async_rl.run_capped); else one call."""
+    return int(knobs["CAP_S"]) + async_rl.STOP_GRACE_S if knobs["CAP_S"] else CALL_CAP_S
+
+
+def async_rl_report(gpus: int) -> Run:
+    results = async_rl.RESULTS[gpus]
+    return Run(f"async_rl_report{async_rl.SUFFIX[gpus]}", f"issue 37's report over OUT/async_rl, the {gpus}-GPU runs",
+               report("benchmarks/async_rl.py", "report", "--gpus", str(gpus), "--in-dir", "{OUT}/async_rl", "--out",
+                      f"{{OUT}}/results/{results}"), gpus=0, results=(results,))
 
 
 def agent_tools_rows() -> list[Run]:
@@ -137,9 +164,8 @@ TABLES = [
         report("benchmarks/four_gpu.py", "report", "--in-dir", "{OUT}", "--out", "{OUT}/results/four_gpu.json"),
         gpus=0, results=("four_gpu.json",)),
     *async_rl_rows(),
-    Run("async_rl_report", "issue 37's report over OUT/async_rl",
-        report("benchmarks/async_rl.py", "report", "--in-dir", "{OUT}/async_rl", "--out", "{OUT}/results/async_rl.json"),
-        gpus=0, results=("async_rl.json",)),
+    async_rl_report(4),
+    async_rl_report(2),
     *agent_tools_rows(),
     Run("agent_tools_report", "issue 41's report over OUT/agent_tools",
         report("benchmarks/agent_tools.py", "report", "--out", "{OUT}/agent_tools", "--json",

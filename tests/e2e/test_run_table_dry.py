@@ -69,7 +69,7 @@ ROW_TIMEOUT_S = 480
 TP, RTP = "actor_rollout_ref.actor.megatron.tensor_model_parallel_size", "actor_rollout_ref.rollout.tensor_model_parallel_size"
 
 NO_DRY = set("""
-adam_mem agent agent_tools_report agentgrpo async_rl_report bench checks four_gpu_14b_2gpu four_gpu_14b_4gpu
+adam_mem agent agent_tools_report agentgrpo async_rl_report async_rl_report_2gpu bench checks four_gpu_14b_2gpu four_gpu_14b_4gpu
 four_gpu_1p5b_1gpu four_gpu_1p5b_big_1gpu four_gpu_1p5b_big_dp4 four_gpu_1p5b_dp2 four_gpu_1p5b_dp4 four_gpu_7b_1gpu
 four_gpu_7b_big_1gpu four_gpu_7b_big_rdp4 four_gpu_7b_big_tp2dp2 four_gpu_7b_pp2_rtp2 four_gpu_7b_pp2dp2_rdp4
 four_gpu_7b_pp2dp2_rtp2 four_gpu_7b_tp2 four_gpu_7b_tp2_rdp2 four_gpu_7b_tp2dp2 four_gpu_7b_tp4 four_gpu_report gap
