@@ -11,7 +11,8 @@ OUT/STEP.log; OUT defaults to $OUT, else /tmp/out; results go to OUT/results). T
 run: rows_one_gpu.py (tests/gpu, rollout, gap, GRPO, agent, speed, MoE, scale, LoRA), rows_two_gpu.py (issue 8's layouts,
 issue 21's split placement), rows_moe.py (issue 38: MoE with TE grouped GEMM on one GPU, ep4 on four),
 peer_verl/rows.py (verl side by side), and below, the runners that are tables of their
-own (four_gpu.py, async_rl.py, agent_tools.py, two_nodes.py, reward_model_bench.py), one row per entry of theirs.
+own (four_gpu.py, async_rl.py, agent_tools.py, two_nodes.py with two_nodes_kill.py, reward_model_bench.py), one row per
+entry of theirs.
 A knob is a row's parameter with a default (`show` lists them): `--set KNOB=V`, or the environment variable KNOB as the
 shell runners read it. Shell is for staging only: gpu_run.sh stage (the offline bundle), the bundle's unpack.sh,
 peer_verl/run.sh stage|stage_megatron; gpu_run.sh, multi_gpu_run.sh and peer_verl/run.sh forward any other mode here.
@@ -121,14 +122,32 @@ def agent_tools_rows() -> list[Run]:
                 env=ENV) for name, s in agent_tools.STAGES.items()]
 
 
+def two_nodes_steps(argv: tuple[str, ...], folder: str, gpus: int):
+    """`SCRIPT [--cpu] ARGS --gpus N --out-dir OUT/FOLDER`: the runs of one GPU count in a folder of their own."""
+    def run(c: Context) -> Actions:
+        yield Command((c.python, argv[0], *(("--cpu",) if c.cpu else ()), *argv[1:], "--gpus", str(gpus),
+                       "--out-dir", c.path(folder), *c.args))
+    return run
+
+
 def two_nodes_rows() -> list[Run]:
-    def steps(name: str):
-        def run(c: Context) -> Actions:
-            yield Command((c.python, "benchmarks/two_nodes.py", *(("--cpu",) if c.cpu else ()), "run", name,
-                           "--out-dir", c.path("two_nodes"), *c.args))
-        return run
-    return [Run(f"two_nodes_{name}", f"issue 43: {r.nodes} Ray node(s) on the 4 GPUs", steps(name), gpus=4,
-                results=("two_nodes.json",), cpu=True, env=ENV) for name, r in two_nodes.RUNS.items()]
+    """two_nodes.py's rows (issue 43) and two_nodes_kill.py's node's death, then the report: at the issue's 4 GPUs
+    (two 2-GPU nodes; OUT/two_nodes -> two_nodes.json) and, `_2gpu`, their halved version on 2 GPUs (two 1-GPU
+    nodes: the runs while only 2-GPU machines are lent; OUT/two_nodes_2gpu -> two_nodes_2gpu.json)."""
+    rows = []
+    for gpus, tag in ((4, ""), (2, "_2gpu")):
+        folder, results = f"two_nodes{tag}", two_nodes.results_file(gpus)
+        rows += [Run(f"two_nodes_{name}{tag}", f"issue 43: {r.nodes} Ray node(s) on {gpus} GPUs",
+                     two_nodes_steps(("benchmarks/two_nodes.py", "run", name), folder, gpus), gpus=gpus,
+                     results=(results,), cpu=True, env=ENV) for name, r in two_nodes.RUNS.items()]
+        rows.append(Run(f"two_nodes_node_death{tag}", f"issue 43: the worker node killed mid-run on {gpus} GPUs; the "
+                        "job fails naming it and resumes on a new node",
+                        two_nodes_steps(("benchmarks/two_nodes_kill.py",), folder, gpus), gpus=gpus,
+                        results=(results,), cpu=True, env=ENV))
+        rows.append(Run(f"two_nodes_report{tag}", f"issue 43's report over OUT/{folder}",
+                        report("benchmarks/two_nodes.py", "report", "--gpus", str(gpus), "--in-dir",
+                               f"{{OUT}}/{folder}", "--out", f"{{OUT}}/results/{results}"), gpus=0, results=(results,)))
+    return rows
 
 
 def reward_model(c: Context) -> Actions:
@@ -171,9 +190,6 @@ TABLES = [
         report("benchmarks/agent_tools.py", "report", "--out", "{OUT}/agent_tools", "--json",
                "{OUT}/results/agent_tools.json"), gpus=0, results=("agent_tools.json",)),
     *two_nodes_rows(),
-    Run("two_nodes_report", "issue 43's report over OUT/two_nodes",
-        report("benchmarks/two_nodes.py", "report", "--in-dir", "{OUT}/two_nodes", "--out",
-               "{OUT}/results/two_nodes.json"), gpus=0, results=("two_nodes.json",)),
     Run("reward_model", "issue 42: GRPO with a reward model on one GPU + its plan", reward_model,
         results=("reward_model.json",), cpu=True, env=ENV),
     Run("pinned", "pinning offload's host memory, torch vs the arena (torch only, no bundle)",

@@ -10,9 +10,10 @@ GPU; issue 36) is exercised here, at one of two levels:
 - resolve (test_resolve, every dry row, the running ones too): the commands the dry run would run, listed with this
   test's knobs and arguments, each checked without running it: a script's arguments through its own parser, a
   trainer's config composed and validated by hybridrl's validation pass (tests/unit/test_run_table.py's checks), and
-  the trainer commands a runner builds from its own table (four_gpu.py, async_rl.py, two_nodes.py, startup_bench.py,
-  agent_tools.py, the demo CLI) validated the same way. test_a_broken_row_fails_to_resolve proves that a row that
-  only resolves fails this test when a trainer key, a value, a runner option or a runner's row in it is broken.
+  the trainer commands a runner builds from its own table (four_gpu.py, async_rl.py, two_nodes.py and two_nodes_kill.py
+  with their layout's dp, startup_bench.py, agent_tools.py, the demo CLI) validated the same way.
+  test_a_broken_row_fails_to_resolve proves that a row that only resolves fails this test when a trainer key, a
+  value, a runner option or a runner's row in it is broken.
 So a row that resolves is checked to run the same programs as a row that ran, with a command and config that parse
 and validate; what it does not get is its own run (a layout or knob that validates but fails at run time: the
 layouts, LoRA, MoE and async modes have their own tests in tests/dist and tests/e2e).
@@ -23,7 +24,7 @@ the reports' inputs, REPORTS, linked into a fresh OUT); rows that start Ray node
 (SERIAL); the tiny models built once and the other rows pointed at them with their knobs (SCALE_MODELS, MODEL,
 MODELS, four_gpu's --models); one training step where the row has the knob (2-3 where its metrics need them).
 Rows without a CPU form are listed in NO_DRY: a new row goes into one list or the other knowingly, and a new row
-with a path of its own runs for real.
+with a path of its own runs for real, unless another test runs what its dry run would (ELSEWHERE, with that test).
 """
 from __future__ import annotations
 
@@ -54,6 +55,7 @@ import runner  # noqa: E402
 import runs  # noqa: E402
 import startup_bench  # noqa: E402
 import two_nodes  # noqa: E402
+import two_nodes_kill  # noqa: E402
 
 from hybridrl.utils.errors import ConfigError  # noqa: E402
 from tests.unit.test_run_table import check_command, check_trainer  # noqa: E402
@@ -81,7 +83,7 @@ peer_ours_smol peer_ours_smol_seed peer_ours_smol_verl_order peer_report peer_re
 peer_stage_megatron peer_verl_1p5b peer_verl_1p5b_1 peer_verl_1p5b_2 peer_verl_7b peer_verl_7b_4gpu
 peer_verl_megatron_1p5b peer_verl_megatron_7b peer_verl_megatron_7b_4gpu peer_verl_megatron_smol peer_verl_smol
 peer_verl_smol_1 peer_verl_smol_2 peer_verl_smol_seed pinned probe_decode_step probe_vllm_stop_token report scalemodel
-speed speed7b speed7bcmp te two_nodes_report update7b
+speed speed7b speed7bcmp te two_nodes_report two_nodes_report_2gpu update7b
 """.split())
 
 # training steps of the rows with a STEPS knob: 1, or what the row's point needs to show in its metrics
@@ -92,6 +94,15 @@ ARGS = {"multi_grpo": ("mine", "2", f"{TP}=2", f"{RTP}=2")}
 BUILDERS = {"m_tiny": "multi_stage", "m_moe_tiny": "moe_1b_te_train"}  # shared model folder -> the row building it
 REPORTS = {"lora_report": ("lora_7b_", "lora_smol"), "multi_report": ("parity", "grpo_"), "moe_scale_report": ("moe_",)}
 SERIAL = ("two_nodes_",)  # Ray nodes on fixed worker port ranges (two_nodes.py): one such row at a time
+# Rows that resolve only although their path has no row that runs: another test runs the same on CPU. The node's death
+# (two_nodes_kill.py: two Ray nodes, the worker node killed mid-run, the job resumed on a new one, ~3 CPU-minutes) is
+# the test named, with the demo job on the same two-node layout and launcher; two_nodes_kill.py's own polling, kill
+# and timing code runs only in the rows' `runs.py dry` (its parsing: tests/unit/test_two_nodes_bench.py).
+ELSEWHERE = {
+    "two_nodes_node_death": "tests/e2e/test_two_nodes.py::"
+                            "test_ray_two_nodes_match_one_then_a_lost_node_fails_fast_and_the_job_resumes",
+    "two_nodes_node_death_2gpu": "the same (its two 1-CPU nodes are that test's layout)",
+}
 
 # Rows whose listing runs the same programs in the same order (path_of) take one code path of the benchmarks; one row
 # of each path runs for real (REAL), the others are resolved (test_resolve). INNER splits a path where one runner takes
@@ -131,7 +142,8 @@ DRY = [r.name for r in runs.ALL if r.cpu]
 PATHS: dict[tuple[str, ...], list[str]] = {}
 for _name in DRY:
     PATHS.setdefault(path_of(_name), []).append(_name)
-REAL = [next((n for n in names if n in PREFERRED), names[0]) for names in PATHS.values()]
+REAL = [next((n for n in names if n in PREFERRED), names[0]) for names in PATHS.values()
+        if not all(n in ELSEWHERE for n in names)]
 RUN = [name for name in DRY if name in REAL]  # table order
 
 
@@ -411,10 +423,11 @@ def check_agent_tools(r: Result) -> None:
 
 
 def check_two_nodes(r: Result) -> None:
-    name = r.name.removeprefix("two_nodes_")
-    run = read_json(r.out / "two_nodes" / name / "run.json")
-    assert run["rc"] == 0 and run["nodes"] == two_nodes.RUNS[name].nodes, run
-    assert len(steps(r.out / "two_nodes" / name / "ckpt" / "logs" / "metrics.jsonl")) == 2
+    name, halved = r.name.removeprefix("two_nodes_").removesuffix("_2gpu"), r.name.endswith("_2gpu")
+    folder = r.out / ("two_nodes_2gpu" if halved else "two_nodes") / name
+    run = read_json(folder / "run.json")
+    assert run["rc"] == 0 and run["nodes"] == two_nodes.RUNS[name].nodes and run["gpus"] == (2 if halved else 4), run
+    assert len(steps(folder / "ckpt" / "logs" / "metrics.jsonl")) == 2
 
 
 def check_startup(r: Result) -> None:
@@ -450,8 +463,8 @@ def resolve(name: str, models: str = "/MODELS", out: str = "/OUT") -> int:
     """Level "resolve": the commands the row's dry run would run (its listing with this test's knobs and arguments,
     nothing runs), each checked as tests/unit/test_run_table.py checks a row (a script's arguments through its own
     parser, a trainer's config composed and validated by hybridrl's validation pass, `hybridrl plan`'s too), and the
-    trainer commands a runner builds from its own table (four_gpu.py, async_rl.py, two_nodes.py, startup_bench.py,
-    agent_tools.py, the demo CLI) composed and validated the same way. Returns how many commands it checked."""
+    trainer commands a runner builds from its own table (four_gpu.py, async_rl.py, two_nodes.py, two_nodes_kill.py,
+    startup_bench.py, agent_tools.py, the demo CLI) composed and validated the same way. Returns how many commands it checked."""
     commands = [argv for a in listing(name, out, models) for argv in a.commands()]
     assert commands, f"{name}: no commands"
     inner: list[tuple[str, ...]] = []
@@ -480,10 +493,12 @@ def inner_commands(argv: tuple[str, ...], models: str, out: str) -> list[tuple[s
         names = list(itertools.takewhile(lambda w: not w.startswith("-"), words[words.index("dry-run") + 1:]))
         assert names and all(n in async_rl.RUNS for n in names), f"async_rl.py has no row among {names}"
         return [tuple(async_rl.command(async_rl.RUNS[n], 3, f"{out}/{n}", None, cpu=True)) for n in names]
-    if prog == "two_nodes.py":
-        return [(py, "-m", "hybridrl.trainer.main_ppo", *two_nodes.CPU_JOB, "data.train_files=/d/train.parquet",
-                 "data.val_files=/d/test.parquet", f"actor_rollout_ref.model.path={models}/m",
-                 f"trainer.default_local_dir={out}/ckpt")]
+    if prog in ("two_nodes.py", "two_nodes_kill.py"):  # its runs (the kill's: two_nodes_socket, saving every step)
+        gpus = int(words[words.index("--gpus") + 1]) if "--gpus" in words else 4
+        names = [w for w in words[words.index("run") + 1:] if w in two_nodes.RUNS] if "run" in words else []
+        extra = two_nodes_kill.CKPT_ARGS if prog == "two_nodes_kill.py" else ()
+        return [two_nodes_trainer(two_nodes.RUNS[n], gpus, models, out, extra)
+                for n in names or (["two_nodes_socket"] if extra else list(two_nodes.RUNS))]
     if prog == "startup_bench.py smol":
         return [tuple(startup_bench.smol_command(f"{out}/startup_smol_cold", "/tmp/smol", cpu=True))]
     if prog == "agent_tools.py run":  # --dry prints the stage's GPU command: checked as the GPU runs it
@@ -493,6 +508,15 @@ def inner_commands(argv: tuple[str, ...], models: str, out: str) -> list[tuple[s
     if prog.startswith("hybridrl.trainer.demo"):
         return [argv]
     return []
+
+
+def two_nodes_trainer(run: two_nodes.Run, gpus: int, models: str, out: str, extra: tuple[str, ...]) -> tuple[str, ...]:
+    """The trainer command `launch/ray_start.sh run` starts for a two_nodes.py run: its layout's trainer.nnodes and
+    n_gpus_per_node (dp = the GPU count: the batch must split over it), then the job's arguments."""
+    layout = ("trainer.backend=ray", f"trainer.nnodes={run.nodes}",
+              f"trainer.n_gpus_per_node={two_nodes.gpus_per_node(gpus, run.nodes)}")
+    args = two_nodes.job_args(True, f"{models}/m", ("/d/train.parquet", "/d/test.parquet"), f"{out}/ckpt", extra)
+    return (sys.executable, "-m", "hybridrl.trainer.main_ppo", *layout, *args)
 
 
 def check_demo(argv: tuple[str, ...]) -> None:
@@ -516,10 +540,12 @@ def test_rows_without_a_dry_run_are_known():
 
 
 def test_every_path_runs_once_for_real():
-    """Each dry row is in one path; each path has exactly one row that runs for real, the others resolve."""
+    """Each dry row is in one path; each path has exactly one row that runs for real, the others resolve (a path
+    of ELSEWHERE rows only: none, another test runs it)."""
     assert sorted(n for names in PATHS.values() for n in names) == sorted(DRY)
+    assert set(ELSEWHERE) <= set(DRY) and not set(ELSEWHERE) & set(REAL)
     for names in PATHS.values():
-        assert len([n for n in names if n in REAL]) == 1, names
+        assert len([n for n in names if n in REAL]) == (0 if all(n in ELSEWHERE for n in names) else 1), names
     assert PREFERRED <= set(REAL), PREFERRED - set(REAL)
     # the two_nodes rows that resolve: what two_nodes.py runs differently for them is the node count (one_node) or
     # the NCCL_* settings, which on CPU reach only gloo processes (per_node_hostid sets NCCL_HOSTID)
@@ -528,6 +554,15 @@ def test_every_path_runs_once_for_real():
         differ = {k for k in r.env.keys() | base.env.keys() if r.env.get(k) != base.env.get(k)}
         assert all(k.startswith("NCCL_") for k in differ) and r.nodes in (1, 2), (name, differ)
     assert two_nodes.CPU_JOB[:2] == ["--config-name", "demo"]
+    # the _2gpu rows: the 4-GPU row's command with --gpus 2 and a folder of their own; on CPU that is two nodes of
+    # one worker process (one node of two), dp 2 (tests/e2e/test_two_nodes.py's layout) where the 4-GPU form has 4
+    for name in (n for n in DRY if n.startswith("two_nodes_") and n.endswith("_2gpu")):
+        def argvs(row: str) -> list[tuple[str, ...]]:
+            return [argv for a in runs.actions(row, "/OUT", True) for argv in a.commands()]
+        halved = [tuple(w.replace("/OUT/two_nodes_2gpu", "/OUT/two_nodes") for w in argv) for argv in argvs(name)]
+        full = [tuple("2" if (i and argv[i - 1] == "--gpus") else w for i, w in enumerate(argv))
+                for argv in argvs(name.removesuffix("_2gpu"))]
+        assert halved == full, (name, halved, full)
 
 
 def test_shared_models_have_builders():

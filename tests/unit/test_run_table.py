@@ -30,6 +30,8 @@ import async_rl  # noqa: E402
 import four_gpu  # noqa: E402
 import runner  # noqa: E402
 import runs  # noqa: E402
+import two_nodes  # noqa: E402
+import two_nodes_kill  # noqa: E402
 
 from hybridrl.config.cli import normalize_argv, parse_command_line  # noqa: E402
 from hybridrl.config.loader import load_config  # noqa: E402
@@ -179,7 +181,8 @@ def test_every_row_lists_commands_that_parse(name, tmp_path):
 
 
 def test_the_table_runners_launch_valid_configs(tmp_path):
-    """The trainer configs four_gpu.py, async_rl.py and agent_tools.py would launch (their rows' inner commands)."""
+    """The trainer configs four_gpu.py, async_rl.py, agent_tools.py and two_nodes.py would launch (their rows' inner
+    commands)."""
     for name, row in four_gpu.RUNS.items():
         cpu = row.shape == "tiny"
         for gib in (80.0, 140.0):
@@ -192,6 +195,14 @@ def test_the_table_runners_launch_valid_configs(tmp_path):
     for stage in agent_tools.STAGES.values():
         cmd = stage.command(ns)
         check_module(cmd[2], cmd[3:], gpu=True)
+    for gpus in two_nodes.GPUS:  # ray_start.sh's layout arguments first; the batch must split over dp = gpus
+        for run, extra in [*((r, ()) for r in two_nodes.RUNS.values()),
+                           (two_nodes.RUNS["two_nodes_socket"], two_nodes_kill.CKPT_ARGS)]:
+            layout = ["trainer.backend=ray", f"trainer.nnodes={run.nodes}",
+                      f"trainer.n_gpus_per_node={two_nodes.gpus_per_node(gpus, run.nodes)}"]
+            args = two_nodes.job_args(False, "/tmp/m", ("/tmp/m/data/train.parquet", "/tmp/m/data/test.parquet"),
+                                      str(tmp_path / "ckpt"), extra)
+            check_trainer("hybridrl.trainer.main_ppo", layout + args, gpu=True)
 
 
 def test_a_listing_changes_nothing(tmp_path):
