@@ -95,9 +95,10 @@ BUILDERS = {"m_tiny": "multi_stage", "m_moe_tiny": "moe_1b_te_train"}  # shared 
 REPORTS = {"lora_report": ("lora_7b_", "lora_smol"), "multi_report": ("parity", "grpo_"), "moe_scale_report": ("moe_",)}
 SERIAL = ("two_nodes_",)  # Ray nodes on fixed worker port ranges (two_nodes.py): one such row at a time
 # Rows that resolve only although their path has no row that runs: another test runs the same on CPU. The node's death
-# (two_nodes_kill.py: two Ray nodes, the worker node killed mid-run, the job resumed on a new one, ~3 CPU-minutes) is
-# the test named, with the demo job on the same two-node layout and launcher; two_nodes_kill.py's own polling, kill
-# and timing code runs only in the rows' `runs.py dry` (its parsing: tests/unit/test_two_nodes_bench.py).
+# (two_nodes_kill.py: two Ray nodes, the worker node killed mid-run, the job resumed on a new one; its dry run took
+# 68 s wall (2gpu) and 92 s (4-GPU form) alone on 2 cores, 2026-11-28) is the test named, with the demo job on the
+# same two-node layout and launcher; two_nodes_kill.py's own polling, kill and timing code runs only in the rows'
+# `runs.py dry` (its parsing and verdict: tests/unit/test_two_nodes_bench.py).
 ELSEWHERE = {
     "two_nodes_node_death": "tests/e2e/test_two_nodes.py::"
                             "test_ray_two_nodes_match_one_then_a_lost_node_fails_fast_and_the_job_resumes",
