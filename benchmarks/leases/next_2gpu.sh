@@ -40,6 +40,6 @@ python3 benchmarks/runs.py --out $L/o_i39 run lora_report > $L/lora_report.log 2
 log "lanes done: 41: $(tr '\n' ' ' < $L/i41.rc); 39/38/40: $(tr '\n' ' ' < $L/i39.rc)"
 
 # ---------------------------------------------------------------- 3. issue 43 on two GPUs
-rows2 150 two_nodes_one_node_2gpu two_nodes_two_nodes_socket_2gpu two_nodes_node_death_2gpu
+rows2 200 two_nodes_one_node_2gpu two_nodes_two_nodes_socket_2gpu two_nodes_node_death_2gpu
 python3 benchmarks/runs.py --out $L/o2 run two_nodes_report_2gpu > $L/two_nodes_report.log 2>&1
 log "two_nodes report rc $?"
