@@ -214,10 +214,9 @@ def per_step(train: list[dict[str, Any]], key: str) -> list[float]:
 
 
 def step_seconds(row: dict[str, Any]) -> float:
-    """A step's wall time. Fully async pushes the weights between steps, outside timing_s/step (fully_async.py's
-    stream does it before taking the next batch); the other modes push inside the step's generation."""
-    return row.get("timing_s/step", 0.0) + (row.get("timing_s/weight_push", 0.0) if "fully_async/queue/depth" in row
-                                            else 0.0)
+    """A step's wall time: timing_s/step, which holds the weight push in every mode (fully async pushes between
+    steps and counts it in the step after the push)."""
+    return row.get("timing_s/step", 0.0)
 
 
 # what the issue asks to see beside the throughput, by the mode that logs it (fully_async.py, async_queue.py,

@@ -105,8 +105,11 @@ class FullyAsyncStream:
             batch = self.sampler.score(batch)
             metrics = self._metrics(batch, version, len(dropped), wait_s, time.perf_counter() - last_yield, pushed)
             metrics.update(self._consume_carried(groups, dropped, step))
+            # the push runs between steps, outside the update's clock: counted in this step's time as the other
+            # modes count theirs (inside generation), so timing_s/step sums to the run's wall time
+            timing = {"gen": wait_s, "reward": time.perf_counter() - start,
+                      "weight_push": pushed.get("timing_s/weight_push", 0.0)}
             pushed = {}
-            timing = {"gen": wait_s, "reward": time.perf_counter() - start}
             self._trained = False
             yield Rollout(batch, int(groups[0].meta_info.get("epoch", 0)), metrics, timing)
             self._taken = []

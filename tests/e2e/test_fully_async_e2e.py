@@ -56,6 +56,11 @@ def test_agent_loop_runs_fully_async(tmp_path):
         assert 0.0 <= r["rollouter/idle_ratio"] <= 1.0
         for key in ("rollout_is_seq_max", "rollout_is_seq_fraction_high", "training_log_ppl", "ppl_ratio"):
             assert f"rollout_corr/{key}" in r
+    # the weight push between steps is part of the step after it: a step's time holds its parts, the push included
+    parts = ("gen", "reward", "weight_push", "old_log_prob", "ref", "adv", "update_actor")
+    for r in train[1:]:
+        assert r["timing_s/weight_push"] > 0.0
+        assert r["timing_s/step"] >= sum(r.get(f"timing_s/{p}", 0.0) for p in parts) - 1e-6, r
     # syncs landed inside samples (one token a segment): some samples hold tokens of two versions
     assert any(r["fully_async/partial/total_partial_num"] > 0 for r in train[1:])
     assert train[1]["fully_async/version_lag/max"] == 1.0 and 0 < train[1]["rollout_corr/rollout_is_max"] <= 2.0
