@@ -6,7 +6,8 @@
 #   benchmarks/lease.sh collect             -> logs and results under /tmp/L as $OUT/L.tgz (no weights, no checkpoints)
 # A plan (benchmarks/leases/*.sh) is sourced by the orchestrator after the common inputs are ready; it calls the
 # helpers below: log, left, phase_rows (one-GPU rows one after the other on a GPU, cut at a deadline),
-# four_gpu (a four_gpu.py run if enough time is left), and touches nothing outside /tmp.
+# four_gpu (a four_gpu.py run if enough time is left), te_ready, row_if (a runs.py row if enough time is left),
+# stop_leftovers, and touches nothing outside /tmp.
 set -u
 L=/tmp/L
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -56,6 +57,19 @@ four_gpu() {  # four_gpu MIN_SECONDS RUN [four_gpu.py args...]: on all the machi
   python3 benchmarks/four_gpu.py run $run --out $L/r --steps 5 --budget $(( $(left) - 30 )) "$@" \
     > $L/r_$run$(echo "$*" | tr -c 'a-z0-9' _ | cut -c1-24).log 2>&1
   log "$run rc $?"
+}
+
+te_ready() {  # wait for the transformer-engine build that a staging call's install.sh started
+  bash benchmarks/te/install.sh /tmp/site --wait 240 > $L/te_wait.log 2>&1
+  log "transformer-engine rc $?: $(tail -n 1 $L/te_wait.log)"
+}
+
+row_if() {  # row_if MIN_SECONDS OUT ROW [KNOB=V...]: one runs.py row if MIN_SECONDS are left, cut 15 s before the end
+  local need=$1 out=$2 row=$3; shift 3
+  [ "$(left)" -lt "$need" ] && { log "$row skipped: $(left)s left"; return; }
+  log "$row $*"
+  env "$@" timeout -k 10 $(( $(left) - 15 )) python3 benchmarks/runs.py --out "$out" run "$row" > $L/run_$row.log 2>&1
+  log "$row rc $?: $(grep -h -E 'peak GPU memory|^== ' $L/run_$row.log | tail -n 3 | tr '\n' ' ')"
 }
 
 stop_leftovers() {  # what a cut phase left running, before the next phase takes the GPUs

@@ -9,21 +9,10 @@
 #   3. issue 43 halved with what is left (two 1-GPU "nodes" against one node of both; the node's death).
 # Transformer-engine must be installed (benchmarks/te/install.sh /tmp/site in a staging call): the MoE row needs it.
 
-rows2() {  # rows2 MIN_SECONDS ROW...: two-GPU rows one after the other, each started only if MIN_SECONDS are left
-  local need=$1; shift
-  for row in "$@"; do
-    [ "$(left)" -lt "$need" ] && { log "$row skipped: $(left)s left"; continue; }
-    log "$row"
-    timeout -k 10 $(( $(left) - 15 )) python3 benchmarks/runs.py --out $L/o2 run "$row" > $L/r2_$row.log 2>&1
-    log "$row rc $?: $(grep -h -E '^== ' $L/r2_$row.log | tail -n 3 | tr '\n' ' ')"
-  done
-}
-
-bash benchmarks/te/install.sh /tmp/site --wait 240 > $L/te_wait.log 2>&1
-log "transformer-engine rc $?: $(tail -n 1 $L/te_wait.log)"
+te_ready
 
 # ---------------------------------------------------------------- 1. issue 37 on two GPUs
-rows2 200 async_rl_colocated_2 async_rl_one_step_off_1_1 async_rl_fully_async_1_1
+for row in async_rl_colocated_2 async_rl_one_step_off_1_1 async_rl_fully_async_1_1; do row_if 200 $L/o2 $row; done
 python3 benchmarks/runs.py --out $L/o2 run async_rl_report_2gpu > $L/async_rl_report.log 2>&1
 log "async_rl report rc $?: $(grep -h -E 'throughput|val_gain' $L/async_rl_report.log | head -n 4 | tr '\n' ' ')"
 stop_leftovers
@@ -40,6 +29,6 @@ python3 benchmarks/runs.py --out $L/o_i39 run lora_report > $L/lora_report.log 2
 log "lanes done: 41: $(tr '\n' ' ' < $L/i41.rc); 39/38/40: $(tr '\n' ' ' < $L/i39.rc)"
 
 # ---------------------------------------------------------------- 3. issue 43 on two GPUs
-rows2 200 two_nodes_one_node_2gpu two_nodes_two_nodes_socket_2gpu two_nodes_node_death_2gpu
+for row in two_nodes_one_node_2gpu two_nodes_two_nodes_socket_2gpu two_nodes_node_death_2gpu; do row_if 200 $L/o2 $row; done
 python3 benchmarks/runs.py --out $L/o2 run two_nodes_report_2gpu > $L/two_nodes_report.log 2>&1
 log "two_nodes report rc $?"

@@ -6,27 +6,18 @@
 # SmolLM2 (other data orders) with what time is left.
 P=$L/peer
 mkdir -p $P
-bash benchmarks/te/install.sh /tmp/site --wait 240 > $L/te_wait.log 2>&1
-log "transformer-engine rc $?: $(tail -n 1 $L/te_wait.log)"
+te_ready
 OUT=$P SKIP_7B=1 timeout 480 bash benchmarks/peer_verl/run.sh stage_megatron > $L/stage_megatron.log 2>&1
 log "stage_megatron rc $?: $(grep -E '^(ok|FAIL)|engine check rc' $L/stage_megatron.log | tr '\n' ' ' | cut -c1-600)"
 
-peer() {  # peer MIN_SECONDS ROW [KNOB=V...]: one peer_ROW of runs.py if MIN_SECONDS are left, cut before the end
-  local need=$1 row=$2; shift 2
-  [ "$(left)" -lt "$need" ] && { log "$row skipped: $(left)s left"; return; }
-  log "$row $*"
-  env "$@" timeout -k 10 $(( $(left) - 15 )) python3 benchmarks/runs.py --out $P run "peer_$row" > $L/peer_$row.log 2>&1
-  log "$row rc $?: $(grep -h -E 'peak GPU memory|rc=' $L/peer_$row.log | tail -n 2 | tr '\n' ' ')"
-}
-
 # hybridrl first on each job: if verl's start-up takes the rest of the lease, the pair still has one side
-peer 200 ours_best_1p5b CAP=300
-peer 300 verl_megatron_1p5b CAP=570
-peer 150 ours_best_smol STEPS=10 CAP=240
-peer 300 verl_megatron_smol STEPS=10 CAP=580
+row_if 200 $P peer_ours_best_1p5b CAP=300
+row_if 300 $P peer_verl_megatron_1p5b CAP=570
+row_if 150 $P peer_ours_best_smol STEPS=10 CAP=240
+row_if 300 $P peer_verl_megatron_smol STEPS=10 CAP=580
 python3 benchmarks/runs.py --out $P run peer_report_megatron > $L/report_megatron.log 2>&1
 log "report rc $?"
-peer 150 ours_best_smol_seed STEPS=10 CAP=240 SEED=2
-peer 150 ours_best_smol_seed STEPS=10 CAP=240 SEED=3
+row_if 150 $P peer_ours_best_smol_seed STEPS=10 CAP=240 SEED=2
+row_if 150 $P peer_ours_best_smol_seed STEPS=10 CAP=240 SEED=3
 python3 benchmarks/runs.py --out $P run peer_report_megatron > $L/report_megatron.log 2>&1
 log "report rc $?"
