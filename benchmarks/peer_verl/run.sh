@@ -5,6 +5,7 @@
 #   stage_megatron: `stage` plus the checks of verl's Megatron path on the GPU (check_megatron_imports.py with TE,
 #              check_verl_config.py) and the random 1.5B and 7B folders WITH weights (verl's Megatron and FSDP
 #              engines always load the HF folder: no dummy init; 7B: 15.2 GB in bf16). Needs TE in /tmp/site.
+#              QUICK=1: the folders only, no checks.
 # Any other MODE runs the row peer_MODE: `python3 benchmarks/runs.py run peer_MODE` (DRY=1: `runs.py show`, the
 # commands only); its knobs (STEPS, CAP, SEED, OURS_ARGS, VERL_ARGS, SAVE_FREQ) are read from the environment.
 set -u
@@ -62,6 +63,14 @@ print('verl:', verl.__version__, 'torch', torch.__version__, 'transformers', tra
     [ -d /tmp/site/vllm ] || { echo "our bundle is not at /tmp/site: run benchmarks/gpu_run.sh stage first"; exit 1; }
     PYTHONPATH=/tmp/site python3 -c "import transformer_engine.pytorch, transformer_engine_torch" > /dev/null 2>&1 \
       || { echo "transformer-engine is not in /tmp/site: bash benchmarks/te/install.sh /tmp/site --wait 240 first"; exit 1; }
+    # QUICK=1: only the inputs (verl's site, the SmolLM2 and model folders), for a lease whose machine passed the
+    # checks below before (2026-11-28): they take about 2 minutes and GPU 0
+    if [ -n "${QUICK:-}" ]; then
+      [ -d "$SMOL" ] && { S=$(ours_smol_dir); echo "smol HF folder: $S"; }
+      [ -n "${SKIP_1P5B:-}" ] || model_with_weights 1.5b "$M15"
+      [ -n "${SKIP_7B:-}" ] || model_with_weights 7b "$M7"
+      exit 0
+    fi
     # verl's Megatron path in one process (on the host everything should import; ONE_BY_ONE=1: a process each)
     PYTHONPATH=$VERL_PATH python3 "$HERE/check_megatron_imports.py" --build ${ONE_BY_ONE:+--one-by-one} \
       --out "$OUT/megatron_imports.json" 2>&1 | grep -v -i warn | tail -n 20
