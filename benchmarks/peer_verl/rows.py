@@ -10,6 +10,7 @@ of peer_verl.md; issue 34's rows give each trainer its best documented settings 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import threading
 import time
@@ -43,6 +44,33 @@ def _smi(*query: str) -> list[str]:
     return [ln.strip() for ln in out.splitlines() if ln.strip()]
 
 
+def run_gpus(n: int) -> str:
+    """The run's GPUs: the first n of the caller's CUDA_VISIBLE_DEVICES (a lease lane gives each pair its own GPU),
+    else the machine's first n."""
+    visible = [i.strip() for i in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if i.strip()]
+    if not visible:
+        return ",".join(str(i) for i in range(n))
+    if len(visible) < n:
+        raise SystemExit(f"this peer row needs {n} GPUs; CUDA_VISIBLE_DEVICES={','.join(visible)} shows {len(visible)}")
+    return ",".join(visible[:n])
+
+
+def run_processes(marker: str) -> list[int]:
+    """The processes whose environment holds `marker` (NAME=VALUE): a run's driver and all it started, Ray's
+    raylet and workers and vLLM's engines included, even after the driver has gone (they inherit its environment)."""
+    needle, found = marker.encode(), []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    found.append(int(entry))
+        except OSError:  # gone, or another user's
+            continue
+    return found
+
+
 def _now() -> str:
     return f"{time.time():.9f}"  # as `date +%s.%N`
 
@@ -59,6 +87,7 @@ class Train:
     metrics: str  # the file whose first line marks the first step's end
     suffix: str = ""  # "" for part 1, ".2" for part 2
     cap_s: int = 570
+    gpus: str = "0"  # the GPUs it runs on (its CUDA_VISIBLE_DEVICES), sampled and cleared after it
     placeholder: Any = 0
 
     def commands(self) -> list[tuple[str, ...]]:
@@ -75,14 +104,16 @@ class Train:
             f.write("".join(name + "\n" for name in _smi("--query-gpu=name", "--format=csv,noheader")[:1]))
         samples = open(os.path.join(self.folder, "gpu_mem_mib.txt"), "a")
         try:
-            sampler = subprocess.Popen(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits",
-                                        "-lms", "500"], stdout=samples, stderr=subprocess.DEVNULL)
+            sampler = subprocess.Popen(["nvidia-smi", "-i", self.gpus, "--query-gpu=memory.used",
+                                        "--format=csv,noheader,nounits", "-lms", "500"], stdout=samples,
+                                       stderr=subprocess.DEVNULL)
         except OSError:
             sampler = None
         launched, done = _now(), threading.Event()
         watcher = threading.Thread(target=self._first_metrics, args=(at("first_metrics_at"), done), daemon=True)
         watcher.start()
-        rc = Step(self.name, self.cap_s, self.argv).perform(ctx)
+        marker = ("HYBRIDRL_PEER_RUN", f"{self.name}-{os.getpid()}-{launched}")
+        rc = Step(self.name, self.cap_s, self.argv, env=dict([marker])).perform(ctx)
         for name, value in (("launched_at", launched), ("ended_at", _now())):
             with open(at(name), "w") as f:
                 f.write(value + "\n")
@@ -92,7 +123,7 @@ class Train:
             sampler.wait()
         samples.close()
         watcher.join()
-        self._clear_gpus(ctx)
+        self._clear_gpus("=".join(marker))
         peak = max((int(v) for v in open(os.path.join(self.folder, "gpu_mem_mib.txt")) if v.strip().isdigit()),
                    default="")
         lines = sum(1 for _ in open(self.metrics)) if os.path.exists(self.metrics) else 0
@@ -107,15 +138,18 @@ class Train:
                 return
             done.wait(0.5)
 
-    @staticmethod
-    def _clear_gpus(ctx: Context) -> None:
-        """A run killed by its cap can leave Ray workers holding GPU memory: stop them, then wait (30 s at most) until
-        the fullest GPU has let go, so the next run starts on free GPUs."""
-        subprocess.call([ctx.python, "-c", "import sys; from ray.scripts.scripts import main; "
-                         "sys.argv=['ray','stop','--force']; main()"], env={**os.environ, "PYTHONPATH": "/tmp/site"},
-                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    def _clear_gpus(self, marker: str) -> None:
+        """A run killed by its cap can leave Ray workers holding GPU memory: kill what this run started (never
+        `ray stop`, which would end a run on the machine's other GPUs), then wait (30 s at most) until the run's
+        fullest GPU has let go, so the next run starts on free GPUs."""
+        for pid in run_processes(marker):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
         for _ in range(30):
-            used = [int(v) for v in _smi("--query-gpu=memory.used", "--format=csv,noheader,nounits") if v.isdigit()]
+            used = [int(v) for v in _smi("-i", self.gpus, "--query-gpu=memory.used", "--format=csv,noheader,nounits")
+                    if v.isdigit()]
             if not used or max(used) < 2000:
                 return
             time.sleep(1)
@@ -141,7 +175,7 @@ def train(c: Context, name: str, trainer: str, job: str, model: str, part: int =
     steps = int(c.knob("STEPS")) if c.knob("STEPS") else None
     args = settings.overrides(trainer, job, model, folder, steps, padded, gib)
     args += [*extra, *c.words("OURS_ARGS" if trainer == "ours" else "VERL_ARGS")]
-    gpus = ",".join(str(i) for i in range(settings.GPUS[job]))  # the machine's first GPUs
+    gpus = run_gpus(settings.GPUS[job])
     if trainer == "ours":
         cmd = ("env", f"CUDA_VISIBLE_DEVICES={gpus}", f"PYTHONPATH={OURS_PATH}", "VLLM_ENABLE_V1_MULTIPROCESSING=0",
                c.python, "-m", "hybridrl.trainer.main_ppo", *args)
@@ -149,7 +183,7 @@ def train(c: Context, name: str, trainer: str, job: str, model: str, part: int =
         megatron = ("CUDA_DEVICE_MAX_CONNECTIONS=1",) if trainer == "verl_megatron" else ()
         cmd = ("env", f"CUDA_VISIBLE_DEVICES={gpus}", f"PYTHONPATH={VERL_PATH}", f"VERL_FILE_LOGGER_PATH={metrics}",
                *megatron, c.python, f"{HERE}/launch_verl.py", *args)
-    yield Train(name, folder, cmd, metrics, suffix, int(c.knob("CAP")))
+    yield Train(name, folder, cmd, metrics, suffix, int(c.knob("CAP")), gpus)
 
 
 # ------------------------------------------------------------------------------------------------ issue 18 (padded)

@@ -52,3 +52,38 @@ def test_importing_hybridrl_pins_it_before_anything_else(tmp_path):
                          env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == home
+
+
+def test_torch_cudnn_parts_are_loaded_by_full_path_graph_first_libcudnn_last(tmp_path):
+    from hybridrl.utils.cuda_libs import CUDNN_PARTS, preload_torch_cudnn
+
+    home = _fake_nvidia(tmp_path)
+    lib = os.path.join(home, "lib")
+    for part in CUDNN_PARTS:
+        open(os.path.join(lib, f"libcudnn_{part}.so.9"), "w").close()
+        open(os.path.join(lib, f"libcudnn_{part}.so.9.10.2"), "w").close()  # the soname (shortest) is the one
+    os.remove(os.path.join(lib, "libcudnn_adv.so.9"))
+    os.remove(os.path.join(lib, "libcudnn_adv.so.9.10.2"))  # a part this build lacks is passed over
+    calls = []
+
+    def load(path):
+        calls.append(path)
+        if "heuristic" in path:
+            raise OSError("will not load")
+
+    loaded = preload_torch_cudnn(home, load)
+    names = [os.path.basename(p) for p in calls]
+    assert names == ["libcudnn_graph.so.9", "libcudnn_ops.so.9", "libcudnn_heuristic.so.9", "libcudnn_cnn.so.9",
+                     "libcudnn_engines_precompiled.so.9", "libcudnn_engines_runtime_compiled.so.9", "libcudnn.so.9"]
+    assert [os.path.basename(p) for p in loaded] == [n for n in names if "heuristic" not in n]
+
+
+def test_a_user_set_cudnn_is_not_preloaded_over(tmp_path, monkeypatch):
+    import hybridrl.utils.cuda_libs as cuda_libs
+
+    calls = []
+    monkeypatch.setattr(cuda_libs, "preload_torch_cudnn", lambda home: calls.append(home))
+    assert pin_cudnn_for_transformer_engine({"CUDNN_PATH": "/opt/cudnn"}, home="/x/nvidia/cudnn") is None
+    assert calls == []
+    assert pin_cudnn_for_transformer_engine({}, home="/x/nvidia/cudnn") == "/x/nvidia/cudnn"
+    assert calls == ["/x/nvidia/cudnn"]
