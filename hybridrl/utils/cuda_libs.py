@@ -47,8 +47,16 @@ def pin_cudnn_for_transformer_engine(environ: Optional[MutableMapping[str, str]]
     home = home or torch_cudnn_home()
     if home:
         env["CUDNN_HOME"] = home
-        preload_torch_cudnn(home)
+        if _has_transformer_engine():  # its only reader: a host without it loads nothing more at import
+            preload_torch_cudnn(home)
     return home
+
+
+def _has_transformer_engine() -> bool:
+    try:
+        return importlib.util.find_spec("transformer_engine") is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def preload_torch_cudnn(home: str, load: Callable[[str], object] = lambda path: ctypes.CDLL(

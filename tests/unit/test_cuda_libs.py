@@ -83,7 +83,13 @@ def test_a_user_set_cudnn_is_not_preloaded_over(tmp_path, monkeypatch):
 
     calls = []
     monkeypatch.setattr(cuda_libs, "preload_torch_cudnn", lambda home: calls.append(home))
+    monkeypatch.setattr(cuda_libs, "_has_transformer_engine", lambda: True)
     assert pin_cudnn_for_transformer_engine({"CUDNN_PATH": "/opt/cudnn"}, home="/x/nvidia/cudnn") is None
     assert calls == []
     assert pin_cudnn_for_transformer_engine({}, home="/x/nvidia/cudnn") == "/x/nvidia/cudnn"
     assert calls == ["/x/nvidia/cudnn"]
+    # without transformer-engine nothing reads cuDNN at import: CUDNN_HOME only
+    monkeypatch.setattr(cuda_libs, "_has_transformer_engine", lambda: False)
+    env: dict[str, str] = {}
+    assert pin_cudnn_for_transformer_engine(env, home="/x/nvidia/cudnn") == "/x/nvidia/cudnn"
+    assert calls == ["/x/nvidia/cudnn"] and env == {"CUDNN_HOME": "/x/nvidia/cudnn"}
