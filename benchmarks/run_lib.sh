@@ -12,3 +12,9 @@ smol_dir() {  # the dequantized SmolLM2 HF folder of $SMOL's GGUF (made once); t
   python3 -c "from hybridrl.utils.hf_model import materialize_hf_dir as m; print(m('$SMOL', 'SmolLM2-135M-Instruct.Q4_1.gguf'))" \
     | tail -n 1
 }
+
+first_gpu() {  # the first GPU of the caller's CUDA_VISIBLE_DEVICES (a lease lane's), else 0: a one-GPU check's GPU
+  local v=${CUDA_VISIBLE_DEVICES:-}
+  v=${v// /}; v=${v%%,*}
+  echo "${v:-0}"
+}

@@ -56,6 +56,17 @@ class Context:
         return time.time() - self.started
 
 
+def run_gpus(n: int, what: str = "this run") -> str:
+    """The GPUs a run of n GPUs takes: the first n of the caller's CUDA_VISIBLE_DEVICES (a lease lane gives each row
+    its own GPU: lease.sh phase_rows), else the machine's first n. Never GPUs the caller left out."""
+    visible = [i.strip() for i in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if i.strip()]
+    if not visible:
+        return ",".join(str(i) for i in range(n))
+    if len(visible) < n:
+        raise SystemExit(f"{what} needs {n} GPUs; CUDA_VISIBLE_DEVICES={','.join(visible)} shows {len(visible)}")
+    return ",".join(visible[:n])
+
+
 def _environment(ctx: Context, extra: Optional[Mapping[str, str]]) -> dict[str, str]:
     return {**os.environ, **ctx.env, **(extra or {})}
 

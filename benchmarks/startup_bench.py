@@ -7,12 +7,13 @@ to the first step, and the first step itself.
     python benchmarks/startup_bench.py report --in-dir OUT --out OUT/results/startup.json [--cpu]
 
 `smol` runs the grpo_smollm2_gsm8k job for two steps (validation before training, none after) twice back to back.
-The cold run starts on empty vLLM and Triton caches (VLLM_CACHE_ROOT and TRITON_CACHE_DIR point at CACHE, emptied
-first); the warm run reuses what the cold run left there (the compile cache, vLLM's persisted KV-cache size under
-rollout.kv_cache_sizing=remember). The operating system's file cache stays warm: a fresh machine's very first run
-is that row run as the lease's first call. The 7B shape's run is four_gpu.py's 7b_big_1gpu with --steps 2 --tag
-startup (the `startup_7b` row), read by the same report. With --cpu: the demo's tiny model, gloo, the torch engine
-(the dry run; its numbers are CPU numbers, never the issue's).
+The cold run starts on empty vLLM and Triton caches (VLLM_CACHE_ROOT and TRITON_CACHE_DIR point at a new folder of
+this run under /tmp, removed after both runs; or at --cache, emptied first); the warm run reuses what the cold run left
+there (the compile cache, vLLM's persisted KV-cache size under rollout.kv_cache_sizing=remember). The operating
+system's file cache stays warm: a fresh machine's very first run is that row run as the lease's first call. The 7B
+shape's run is four_gpu.py's 7b_big_1gpu with --steps 2 --tag startup (the `startup_7b` row), read by the same
+report. With --cpu: the demo's tiny model, gloo, the torch engine (the dry run; its numbers are CPU numbers, never
+the issue's).
 
 startup.json's metrics: startup_cold_to_first_step_s (the cold run), startup_to_first_step_s (the warm run),
 startup_7b_to_first_step_s, the goals (warm <= 30 s, cold <= 60 s) as startup_goal_met_warm / _cold, and per run
@@ -28,6 +29,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -40,7 +42,7 @@ from bench_common import write_result  # noqa: E402
 from hybridrl.utils.startup import phase_table  # noqa: E402
 
 ARA = "actor_rollout_ref"
-CACHE = "/tmp/startup_bench_cache"
+CACHE_PREFIX = "startup_bench_cache-"  # /tmp/startup_bench_cache-XXXX: the caches of one `smol` run
 GOALS = {"warm": 30.0, "cold": 60.0}
 RUNS = {"smol_cold": "startup_smol_cold", "smol_warm": "startup_smol_warm", "7b": "7b_big_1gpu.startup",
         "7b_cpu": "tiny_1.startup"}  # report name -> folder under OUT
@@ -57,8 +59,20 @@ def smol_command(folder: str, model: str, cpu: bool) -> list[str]:
 
 
 def run_smol(args: argparse.Namespace) -> int:
-    shutil.rmtree(args.cache, ignore_errors=True)  # the cold start's caches are empty
-    env = dict(os.environ, VLLM_CACHE_ROOT=args.cache, TRITON_CACHE_DIR=os.path.join(args.cache, "triton"))
+    """The cold run, then the warm one. Their caches: a folder of this run (another run of this row, in another lease
+    lane, has its own: a shared folder emptied here would empty that run's under it), or --cache, emptied first."""
+    if args.cache:
+        shutil.rmtree(args.cache, ignore_errors=True)  # the cold start's caches are empty
+    cache = args.cache or tempfile.mkdtemp(prefix=CACHE_PREFIX, dir="/tmp")
+    try:
+        return _cold_then_warm(args, cache)
+    finally:
+        if not args.cache:
+            shutil.rmtree(cache, ignore_errors=True)
+
+
+def _cold_then_warm(args: argparse.Namespace, cache: str) -> int:
+    env = dict(os.environ, VLLM_CACHE_ROOT=cache, TRITON_CACHE_DIR=os.path.join(cache, "triton"))
     status = 0
     for label in ("cold", "warm"):
         folder = os.path.join(args.out, f"startup_smol_{label}")
@@ -68,7 +82,7 @@ def run_smol(args: argparse.Namespace) -> int:
         os.makedirs(folder)
         cmd = smol_command(folder, args.model, args.cpu)
         with open(folder + ".run.json", "w") as f:  # beside the folder: the demo wants an empty one
-            json.dump({"label": label, "command": " ".join(cmd), "cache": args.cache,
+            json.dump({"label": label, "command": " ".join(cmd), "cache": cache,
                        "date": datetime.date.today().isoformat()}, f, indent=1)
         began = time.time()
         with open(folder + ".log", "w") as log:
@@ -159,7 +173,8 @@ def main() -> int:
     s = sub.add_parser("smol")
     s.add_argument("--out", required=True)
     s.add_argument("--model", default="/tmp/smol")
-    s.add_argument("--cache", default=CACHE, help="VLLM_CACHE_ROOT and TRITON_CACHE_DIR of both runs (emptied first)")
+    s.add_argument("--cache", default=None, help="VLLM_CACHE_ROOT and TRITON_CACHE_DIR of both runs (emptied first; "
+                   "default: a new folder of this run, removed after it)")
     s.add_argument("--timeout", type=float, default=270, help="seconds each run may take")
     s.add_argument("--cpu", action="store_true")
     r = sub.add_parser("report")

@@ -45,6 +45,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
+from runner import run_gpus
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RAY_START = os.path.join(ROOT, "launch", "ray_start.sh")
 GPUS = (2, 4)  # the machines the runs are for: two 1-GPU nodes (the halved layout) or the issue's two 2-GPU nodes
@@ -87,8 +89,9 @@ def gpus_per_node(gpus: int, nodes: int) -> int:
 
 
 def node_devices(slot: int, per_node: int) -> str:
-    """CUDA_VISIBLE_DEVICES of the node in `slot` (0: the head): its own consecutive GPUs."""
-    return ",".join(str(g) for g in range(slot * per_node, (slot + 1) * per_node))
+    """CUDA_VISIBLE_DEVICES of the node in `slot` (0: the head): its own consecutive GPUs of those the caller gave
+    the run (runner.run_gpus: the first of CUDA_VISIBLE_DEVICES, else of the machine)."""
+    return ",".join(run_gpus((slot + 1) * per_node, "two_nodes").split(",")[slot * per_node:])
 
 
 def results_file(gpus: int) -> str:

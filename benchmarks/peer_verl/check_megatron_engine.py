@@ -6,9 +6,9 @@ vLLM (get_per_tensor_param: mbridge's export_weights) against the checkpoint, an
     PYTHONPATH=VERL_SITE:OUR_SITE python benchmarks/peer_verl/check_megatron_engine.py --model TINY_QWEN2_DIR \
         [--device cpu|cuda] [--job 1p5b|7b] [--forward] [--out FILE.json]
 
---device cuda (run.sh stage_megatron, GPU 0): the real path, no stand-ins: nccl, transformer-engine's layers,
-packed THD batches through TE's fused attention. Its FAIL line is the exact reason when verl's Megatron backend
-cannot run on the host.
+--device cuda (run.sh stage_megatron, on the caller's first GPU): the real path, no stand-ins: nccl,
+transformer-engine's layers, packed THD batches through TE's fused attention. Its FAIL line is the exact reason
+when verl's Megatron backend cannot run on the host.
 --device cpu (this machine): one gloo process, megatron-core made CPU-capable by hybridrl's adapters/megatron/
 compat.py (loaded as a file: no hybridrl import), and these stand-ins for what needs CUDA: megatron-core's local
 layer spec in mbridge's place (TE's needs CUDA) with its separate norms named for mbridge's loader, padded batches
@@ -34,12 +34,27 @@ sys.path.insert(0, HERE)
 import settings  # noqa: E402
 
 
-def _compat():
-    spec = importlib.util.spec_from_file_location("peer_verl_mcore_compat",
-                                                  os.path.join(REPO, "adapters", "megatron", "compat.py"))
+def _repo_file(name: str, *path: str):
+    """A module of this repository loaded as a file (verl's site, not ours, is on the path: no hybridrl import)."""
+    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, *path))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def _compat():
+    return _repo_file("peer_verl_mcore_compat", "adapters", "megatron", "compat.py")
+
+
+def _dist_env() -> None:
+    """One process's torch.distributed world, its rendezvous on a port free now (hybridrl/utils/net.py): a fixed
+    port would collide with another run of this check, or any process holding it, on the same machine."""
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    if "MASTER_PORT" not in os.environ:
+        os.environ["MASTER_PORT"] = str(_repo_file("peer_verl_net", "hybridrl", "utils", "net.py").free_port("127.0.0.1"))
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    os.environ.setdefault("LOCAL_RANK", "0")
 
 
 def run_cpu_stand_ins(done) -> None:
@@ -176,11 +191,7 @@ def main(argv=None) -> int:
                     help="cuda: the real path on one GPU (TE layers, packed THD batches, nccl), no stand-ins")
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore")
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29531")
-    os.environ.setdefault("RANK", "0")
-    os.environ.setdefault("WORLD_SIZE", "1")
-    os.environ.setdefault("LOCAL_RANK", "0")
+    _dist_env()
     steps: list[dict] = []
     stage = "setup"
 

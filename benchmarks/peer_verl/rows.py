@@ -19,7 +19,7 @@ from typing import Any, Mapping, Optional
 
 from peer_verl import settings
 from rows_one_gpu import smol_dir
-from runner import ROOT, Actions, Capture, Command, Context, Run, Step, bash_quote, fresh_folder
+from runner import ROOT, Actions, Capture, Command, Context, Run, Step, bash_quote, fresh_folder, run_gpus
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SMOL_DATA = "benchmarks/data/gsm_symbolic"
@@ -42,17 +42,6 @@ def _smi(*query: str) -> list[str]:
     except (OSError, subprocess.TimeoutExpired):
         return []
     return [ln.strip() for ln in out.splitlines() if ln.strip()]
-
-
-def run_gpus(n: int) -> str:
-    """The run's GPUs: the first n of the caller's CUDA_VISIBLE_DEVICES (a lease lane gives each pair its own GPU),
-    else the machine's first n."""
-    visible = [i.strip() for i in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if i.strip()]
-    if not visible:
-        return ",".join(str(i) for i in range(n))
-    if len(visible) < n:
-        raise SystemExit(f"this peer row needs {n} GPUs; CUDA_VISIBLE_DEVICES={','.join(visible)} shows {len(visible)}")
-    return ",".join(visible[:n])
 
 
 def run_processes(marker: str) -> list[int]:
@@ -175,7 +164,7 @@ def train(c: Context, name: str, trainer: str, job: str, model: str, part: int =
     steps = int(c.knob("STEPS")) if c.knob("STEPS") else None
     args = settings.overrides(trainer, job, model, folder, steps, padded, gib)
     args += [*extra, *c.words("OURS_ARGS" if trainer == "ours" else "VERL_ARGS")]
-    gpus = run_gpus(settings.GPUS[job])
+    gpus = run_gpus(settings.GPUS[job], "this peer row")
     if trainer == "ours":
         cmd = ("env", f"CUDA_VISIBLE_DEVICES={gpus}", f"PYTHONPATH={OURS_PATH}", "VLLM_ENABLE_V1_MULTIPROCESSING=0",
                c.python, "-m", "hybridrl.trainer.main_ppo", *args)

@@ -64,7 +64,7 @@ print('verl:', verl.__version__, 'torch', torch.__version__, 'transformers', tra
     PYTHONPATH=/tmp/site python3 -c "import transformer_engine.pytorch, transformer_engine_torch" > /dev/null 2>&1 \
       || { echo "transformer-engine is not in /tmp/site: bash benchmarks/te/install.sh /tmp/site --wait 240 first"; exit 1; }
     # QUICK=1: only the inputs (verl's site, the SmolLM2 and model folders), for a lease whose machine passed the
-    # checks below before (2026-11-28): they take about 2 minutes and GPU 0
+    # checks below before (2026-11-28): they take about 2 minutes and a GPU
     if [ -n "${QUICK:-}" ]; then
       [ -d "$SMOL" ] && { S=$(ours_smol_dir); echo "smol HF folder: $S"; }
       [ -n "${SKIP_1P5B:-}" ] || model_with_weights 1.5b "$M15"
@@ -82,10 +82,11 @@ print('verl:', verl.__version__, 'torch', torch.__version__, 'transformers', tra
       --shape tiny > /dev/null 2>&1
     PYTHONPATH=$VERL_PATH python3 "$HERE/check_verl_config.py" --model /tmp/m_tiny --gpu-gib "${GIB:-80}" \
       --out "$OUT/verl_config_check.json" 2>&1 | grep -E "^(ok|FAIL)" | cut -c1-160
-    # verl's Megatron engine on GPU 0 with TE, a 2-layer model of head_dim 128 (/tmp/m_engine): build, weight load and export, a packed (THD) log-prob
-    # pass against transformers, one train_batch (about a minute; its FAIL line is the exact reason if verl's
-    # Megatron backend cannot run here). The stage goes on either way: the FSDP runs need the models.
-    CUDA_VISIBLE_DEVICES=0 CUDA_DEVICE_MAX_CONNECTIONS=1 PYTHONPATH=$VERL_PATH timeout 300 python3 \
+    # verl's Megatron engine on one GPU (the caller's first, else GPU 0) with TE, a 2-layer model of head_dim 128
+    # (/tmp/m_engine): build, weight load and export, a packed (THD) log-prob pass against transformers, one
+    # train_batch (about a minute; its FAIL line is the exact reason if verl's Megatron backend cannot run here).
+    # The stage goes on either way: the FSDP runs need the models.
+    CUDA_VISIBLE_DEVICES=$(first_gpu) CUDA_DEVICE_MAX_CONNECTIONS=1 PYTHONPATH=$VERL_PATH timeout 300 python3 \
       "$HERE/check_megatron_engine.py" --device cuda --model /tmp/m_engine --make-model /tmp/m_tiny --job 1p5b --forward \
       --out "$OUT/megatron_engine_gpu.json" > "$OUT/megatron_engine_gpu.log" 2>&1
     echo "megatron engine check rc=$?"; grep -E "^(ok|FAIL|     at)" "$OUT/megatron_engine_gpu.log" | cut -c1-300

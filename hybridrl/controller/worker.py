@@ -54,12 +54,22 @@ class DistContext:
     @classmethod
     def from_env(cls, role: str = "worker", use_gpu: bool | None = None,
                  dist_timeout_s: float = DEFAULT_DIST_TIMEOUT_S) -> "DistContext":
-        """The torchrun variables (RANK, WORLD_SIZE, LOCAL_RANK, ...); defaults describe one process."""
+        """The torchrun variables (RANK, WORLD_SIZE, LOCAL_RANK, ...); defaults describe one process.
+
+        A lone process (world size 1, no MASTER_PORT: `python -m hybridrl.trainer.main_sft` without torchrun) takes a
+        port free now for its rendezvous, published as MASTER_PORT so the process's later contexts agree; torch's
+        default 29500 failed with EADDRINUSE when another run on the machine held it (two lease lanes).
+        """
         env = os.environ
         local_rank = int(env.get("LOCAL_RANK", 0))
+        world_size = int(env.get("WORLD_SIZE", 1))
+        if "MASTER_PORT" not in env and world_size == 1:
+            from hybridrl.utils.net import free_port
+
+            env["MASTER_PORT"] = str(free_port(env.get("MASTER_ADDR", "127.0.0.1")))
         return cls(
             rank=int(env.get("RANK", 0)),
-            world_size=int(env.get("WORLD_SIZE", 1)),
+            world_size=world_size,
             local_rank=local_rank,
             local_world_size=int(env.get("LOCAL_WORLD_SIZE", 1)),
             master_addr=env.get("MASTER_ADDR", "127.0.0.1"),

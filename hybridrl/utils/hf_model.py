@@ -11,6 +11,8 @@ import glob
 import hashlib
 import json
 import os
+import shutil
+import tempfile
 from typing import Optional
 
 HF_CACHE_ENV = "HYBRIDRL_MODEL_CACHE"
@@ -79,6 +81,29 @@ def iter_hf_weights(model_dir: str):
 
 
 def _dequantize(gguf: str, out: str) -> None:
+    """Write the folder under a name of this process's beside `out`, then rename it to `out` once complete: two runs
+    that start together on a fresh machine (two lease lanes) each write their own, and neither reads a file the other
+    is still writing (in place, the first to finish could read a model.safetensors the second was rewriting). The
+    second to finish finds `out` there and drops its copy."""
+    parent = os.path.dirname(out)
+    os.makedirs(parent, exist_ok=True)
+    part = tempfile.mkdtemp(prefix=os.path.basename(out) + ".part-", dir=parent)
+    os.chmod(part, 0o755)  # as os.makedirs made it (mkdtemp's is the owner's only)
+    try:
+        _write_hf_dir(gguf, part, out)
+        open(os.path.join(part, ".complete"), "w").close()
+        try:
+            os.rename(part, out)
+        except OSError:  # `out` exists: another run's (complete), or an older in-place writer's leftover
+            if not os.path.isfile(os.path.join(out, ".complete")):
+                shutil.rmtree(out, ignore_errors=True)
+                os.rename(part, out)
+    finally:
+        shutil.rmtree(part, ignore_errors=True)  # gone after the rename; else this run's copy, not needed
+
+
+def _write_hf_dir(gguf: str, out: str, shown: str) -> None:
+    """The HF folder of `gguf` (config.json, model.safetensors, the tokenizer files) in `out` (made already)."""
     try:
         import gguf as _  # noqa: F401  transformers needs it to read GGUF
     except ImportError:
@@ -88,10 +113,9 @@ def _dequantize(gguf: str, out: str) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder, name = os.path.dirname(gguf), os.path.basename(gguf)
-    print(f"hybridrl: dequantizing {name} into {out} (once; later runs reuse it)", flush=True)
+    print(f"hybridrl: dequantizing {name} into {shown} (once; later runs reuse it)", flush=True)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-    os.makedirs(out, exist_ok=True)
     state = {k: v.contiguous() for k, v in model.state_dict().items()}
     if getattr(model.config, "tie_word_embeddings", False):
         state.pop("lm_head.weight", None)  # safetensors refuses shared storage; HF re-ties on load
@@ -104,4 +128,3 @@ def _dequantize(gguf: str, out: str) -> None:
     tokenizer.save_pretrained(out)
     with open(os.path.join(out, "source.json"), "w") as f:
         json.dump({"gguf": gguf}, f)
-    open(os.path.join(out, ".complete"), "w").close()

@@ -22,6 +22,8 @@ pytest.importorskip("transformer_engine")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+from runner import run_gpus  # noqa: E402  (benchmarks/runner.py)
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +42,7 @@ def model(tmp_path_factory) -> str:
 
 def launch(n: int, model: str, out: str) -> dict:
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), NCCL_NVLS_ENABLE="0",
-               CUDA_VISIBLE_DEVICES=",".join(str(i) for i in range(n)))
+               CUDA_VISIBLE_DEVICES=run_gpus(n))  # the first n GPUs the caller gave, else the machine's
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={n}", "--standalone",
            os.path.join(HERE, "cp_worker.py"), "--model", model, "--out", out]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)

@@ -25,6 +25,8 @@ pytest.importorskip("megatron.core")
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "tests", "dist", "megatron_helpers"))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+from runner import run_gpus  # noqa: E402  (benchmarks/runner.py)
 
 DENSE = {"tp2": ["--tp", "2"], "pp2": ["--pp", "2"], "dp2": [], "pp2_vpp2": ["--pp", "2", "--vpp", "2"]}
 
@@ -39,7 +41,7 @@ def models(tmp_path_factory) -> dict[str, str]:
 
 def launch(n: int, model: str, out: str, *extra: str, dtype: str = "bfloat16") -> dict:
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), NCCL_NVLS_ENABLE="0",
-               CUDA_VISIBLE_DEVICES=",".join(str(i) for i in range(n)))
+               CUDA_VISIBLE_DEVICES=run_gpus(n))  # the first n GPUs the caller gave, else the machine's
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={n}", "--standalone",
            os.path.join(HERE, "layout_worker.py"), "--model", model, "--out", out, "--dtype", dtype, *extra]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)

@@ -12,7 +12,8 @@ import two_nodes  # noqa: E402
 import two_nodes_kill  # noqa: E402
 
 
-def test_the_gpus_split_into_nodes_of_their_own_devices():
+def test_the_gpus_split_into_nodes_of_their_own_devices(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)  # the machine's GPUs (test_lane_gpus: the caller's)
     assert [two_nodes.node_devices(s, two_nodes.gpus_per_node(4, 2)) for s in (0, 1)] == ["0,1", "2,3"]
     assert [two_nodes.node_devices(s, two_nodes.gpus_per_node(2, 2)) for s in (0, 1)] == ["0", "1"]
     assert two_nodes.node_devices(0, two_nodes.gpus_per_node(2, 1)) == "0,1"
