@@ -131,11 +131,16 @@ class Train:
         """A run killed by its cap can leave Ray workers holding GPU memory: kill what this run started (never
         `ray stop`, which would end a run on the machine's other GPUs), then wait (30 s at most) until the run's
         fullest GPU has let go, so the next run starts on free GPUs."""
-        for pid in run_processes(marker):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        for _ in range(50):  # rounds: a process caught mid-exec shows an empty environment, and one may still fork
+            pids = run_processes(marker)
+            if not pids:
+                break
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            time.sleep(0.1)
         for _ in range(30):
             used = [int(v) for v in _smi("-i", self.gpus, "--query-gpu=memory.used", "--format=csv,noheader,nounits")
                     if v.isdigit()]

@@ -45,6 +45,9 @@ def test_the_clean_up_kills_what_the_run_started_and_nothing_else(tmp_path):
             assert time.time() < deadline, "the test's grandchild did not start"
             time.sleep(0.05)
         grandchild = int((tmp_path / "child").read_text())
+        while not _cmdline(grandchild).startswith(b"sleep"):  # its exec done: mid-exec, its environment reads empty
+            assert time.time() < deadline, "the test's grandchild did not start"
+            time.sleep(0.05)
         found = rows.run_processes("=".join(marker))
         assert ours.pid in found and grandchild in found and other.pid not in found
         train = rows.Train("t", str(tmp_path), ("true",), str(tmp_path / "m"), gpus="0")
@@ -67,3 +70,11 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
