@@ -31,6 +31,7 @@ the node's death: node_death_fail_s, node_death_message, resumed_from_step, resu
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import re
@@ -45,6 +46,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
+from procs import kill_session
 from runner import run_gpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -267,9 +269,16 @@ def run_one(run: Run, out_dir: str, cpu: bool, gpus: int, model: str, data: tupl
         args = job_args(cpu, model, data, os.path.join(out_dir, "ckpt"))
         start = time.monotonic()
         with open(os.path.join(out_dir, "job.log"), "w") as log:
-            rc = subprocess.run(job_command(args), env=job_env(cluster), stdout=log, stderr=subprocess.STDOUT,
-                                timeout=timeout, cwd=ROOT).returncode
-        result = {"name": run.name, **layout(cluster, gpus), "rc": rc, "wall_s": time.monotonic() - start}
+            job = subprocess.Popen(job_command(args), env=job_env(cluster), stdout=log, stderr=subprocess.STDOUT,
+                                   cwd=ROOT, start_new_session=True)
+            try:
+                rc = job.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:  # the driver and all it started, recorded as timeout(1) would
+                kill_session(job.pid)
+                job.wait()
+                rc = 124
+        result = {"name": run.name, **layout(cluster, gpus), "rc": rc, "timed_out": rc == 124,
+                  "wall_s": time.monotonic() - start}
     finally:
         stop_cluster(cluster)
     with open(os.path.join(out_dir, "run.json"), "w") as f:
@@ -283,7 +292,9 @@ def model_and_data(cpu: bool, model: str = "") -> tuple[str, tuple[str, str]]:
     if cpu:
         from hybridrl.trainer.demo import prepare
 
-        model, train, test = prepare(tempfile.mkdtemp(prefix="two_nodes_demo"), sft_steps=20, seed=0)
+        folder = tempfile.mkdtemp(prefix="two_nodes_demo")
+        atexit.register(shutil.rmtree, folder, True)  # this process's folder: gone when it ends
+        model, train, test = prepare(folder, sft_steps=20, seed=0)
         return model, (train, test)
     if not model:
         import four_gpu  # benchmarks/: this script's folder

@@ -27,7 +27,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -35,6 +34,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import two_nodes  # noqa: E402  (benchmarks/: this script's folder)
+from procs import kill_session, raylet_node_id  # noqa: E402
 
 STEPS = 5
 KILL_AFTER = 2  # the worker node dies once this step's checkpoint is committed
@@ -44,48 +44,6 @@ FAIL_WAIT_S = 180  # the job still running this long after the kill counts as hu
 CKPT_ARGS = (f"trainer.total_training_steps={STEPS}", "trainer.save_freq=1", "trainer.resume_mode=auto",
              f"trainer.max_actor_ckpt_to_keep={KEEP}")
 RESUMED = re.compile(r"resumed from \S+ \(step (\d+)\)")
-
-
-def session_pids(sid: int) -> list[int]:
-    """Live (not zombie) processes of session `sid`: a node's `ray start`, its raylet and Ray's workers (each in a
-    process group of its own, all in the session)."""
-    pids = []
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()  # state ppid pgrp session ...
-        if int(fields[3]) == sid and fields[0] not in "ZX":
-            pids.append(int(entry))
-    return pids
-
-
-def kill_session(sid: int, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while (pids := session_pids(sid)) and time.monotonic() < deadline:
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.1)
-    if session_pids(sid):
-        raise RuntimeError(f"processes of session {sid} survive SIGKILL: {session_pids(sid)}")
-
-
-def raylet_node_id(node: subprocess.Popen) -> str:
-    """The Ray node id of the node started as `node` (its raylet's --node_id)."""
-    for pid in session_pids(node.pid):
-        try:
-            cmd = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace")
-        except OSError:
-            continue
-        m = re.search(r"--node_id=([0-9a-f]+)", cmd)
-        if m:
-            return m.group(1)
-    raise RuntimeError(f"no raylet in the session of Ray node process {node.pid}")
 
 
 def committed_step(ckpt: str) -> int:
@@ -189,7 +147,7 @@ def node_death(out_dir: str, cpu: bool, gpus: int, model: str, data: tuple[str, 
     result = {"name": two_nodes.NODE_DEATH, **two_nodes.layout(cluster, gpus), "steps": STEPS, "kill_after": KILL_AFTER}
     job = None
     try:
-        result["lost_ray_node"] = lost_id = raylet_node_id(cluster.nodes[1])
+        result["lost_ray_node"] = lost_id = raylet_node_id(cluster.nodes[1].pid)
         args = two_nodes.job_args(cpu, model, data, ckpt, CKPT_ARGS)
         result["command"] = " ".join(two_nodes.job_command(args))
         job = start_job(cluster, args, "job.log")

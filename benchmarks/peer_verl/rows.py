@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 from peer_verl import settings
+from procs import run_processes
 from rows_one_gpu import smol_dir
 from runner import ROOT, Actions, Capture, Command, Context, Run, Step, bash_quote, fresh_folder, run_gpus
 
@@ -42,22 +43,6 @@ def _smi(*query: str) -> list[str]:
     except (OSError, subprocess.TimeoutExpired):
         return []
     return [ln.strip() for ln in out.splitlines() if ln.strip()]
-
-
-def run_processes(marker: str) -> list[int]:
-    """The processes whose environment holds `marker` (NAME=VALUE): a run's driver and all it started, Ray's
-    raylet and workers and vLLM's engines included, even after the driver has gone (they inherit its environment)."""
-    needle, found = marker.encode(), []
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if needle in f.read().split(b"\0"):
-                    found.append(int(entry))
-        except OSError:  # gone, or another user's
-            continue
-    return found
 
 
 def _now() -> str:

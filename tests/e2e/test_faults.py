@@ -30,6 +30,9 @@ import pytest
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+from procs import cmdline, kill_session, session_pids  # noqa: E402  (benchmarks/procs.py: one home, shared with two_nodes_kill.py)
+
 LAUNCH = os.path.join(ROOT, "tests", "e2e", "fault_helpers", "launch.py")
 TOKEN_REWARD = os.path.join(ROOT, "tests", "e2e", "fault_helpers", "token_reward.py")
 SECRET = "hrl-SECRET123-token"  # its sha256 is in token_reward.py
@@ -48,44 +51,6 @@ SYNC_PATH = re.compile(r"^(reshard/(buckets|tensors|max_bucket_bytes|direct_byte
 
 
 # ------------------------------------------------------------------------------------------ processes
-def session_pids(sid: int) -> list[int]:
-    """Live (not zombie) processes of session `sid`: the trainer, Ray's services and its workers
-    (Ray puts workers in their own process groups, but they stay in the session)."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()  # state ppid pgrp session ...
-        if int(fields[3]) == sid and fields[0] not in "ZX":
-            pids.append(int(entry))
-    return pids
-
-
-def kill_session(sid: int) -> None:
-    for _ in range(100):
-        pids = session_pids(sid)
-        if not pids:
-            return
-        for pid in pids:
-            for sig in (signal.SIGCONT, signal.SIGKILL):
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
-        time.sleep(0.1)
-    raise AssertionError(f"processes of session {sid} survive SIGKILL: {session_pids(sid)}")
-
-
-def cmdline(pid: int) -> str:
-    with open(f"/proc/{pid}/cmdline", "rb") as f:
-        return f.read().replace(b"\0", b" ").decode(errors="replace")
-
-
 class Trainer:
     """A trainer subprocess in its own session, output in files; `with` kills the whole session."""
 

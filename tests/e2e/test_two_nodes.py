@@ -35,9 +35,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_faults import CLOCK, SYNC_PATH, kill_session, metrics_by_step, session_pids, trainer_args
+from tests.e2e.test_faults import CLOCK, SYNC_PATH, metrics_by_step, trainer_args
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
+from procs import kill_session, raylet_node_id  # noqa: E402  (benchmarks/procs.py, on sys.path through test_faults)
+
 ROOT = Path(__file__).resolve().parents[2]
 RAY_START = ROOT / "launch" / "ray_start.sh"
 TORCHRUN = ROOT / "launch" / "torchrun.sh"
@@ -173,17 +175,6 @@ class RayNodes:
     def add_worker(self) -> Proc:
         return self._start("worker")
 
-    def raylet_node_id(self, node: Proc) -> str:
-        for pid in session_pids(node.proc.pid):
-            try:
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-            except OSError:
-                continue
-            m = re.search(r"--node_id=([0-9a-f]+)", cmd)
-            if m:
-                return m.group(1)
-        raise AssertionError(f"no raylet in {node.name}'s session")
-
     def cpus(self) -> int:
         try:
             out = subprocess.run([str(RAY), "status", f"--address={self.address}"], env=self.env, capture_output=True,
@@ -220,7 +211,7 @@ def test_ray_two_nodes_match_one_then_a_lost_node_fails_fast_and_the_job_resumes
     jobs: list[Proc] = []
     try:
         worker = cluster.add_worker()
-        lost_id = cluster.raylet_node_id(worker)
+        lost_id = raylet_node_id(worker.proc.pid)
         out, flag, go = tmp_path / "ckpt", tmp_path / "paused", tmp_path / "go"
         # the driver pauses right after step 3's actor update went to the workers (marker 2)
         entry = f"{sys.executable} {LAUNCH} --flag {flag} --go {go} --pause update_actor:3:after --"

@@ -13,6 +13,7 @@ import pytest
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import procs  # noqa: E402
 from peer_verl import rows  # noqa: E402
 
 
@@ -48,7 +49,7 @@ def test_the_clean_up_kills_what_the_run_started_and_nothing_else(tmp_path):
         while not _cmdline(grandchild).startswith(b"sleep"):  # its exec done: mid-exec, its environment reads empty
             assert time.time() < deadline, "the test's grandchild did not start"
             time.sleep(0.05)
-        found = rows.run_processes("=".join(marker))
+        found = procs.run_processes("=".join(marker))
         assert ours.pid in found and grandchild in found and other.pid not in found
         train = rows.Train("t", str(tmp_path), ("true",), str(tmp_path / "m"), gpus="0")
         train._clear_gpus("=".join(marker))  # nvidia-smi absent here: only the kill, no wait

@@ -100,3 +100,28 @@ def test_the_kill_passes_only_on_a_fast_named_failure_and_a_whole_resume(tmp_pat
     assert two_nodes_kill.committed_step(str(tmp_path)) == 0
     (tmp_path / "latest_checkpointed_iteration.txt").write_text("2\n")
     assert two_nodes_kill.committed_step(str(tmp_path)) == 2
+
+
+def test_a_job_past_its_timeout_is_killed_with_all_it_started_and_recorded(tmp_path, monkeypatch):
+    # the cluster stubbed out: the job is a driver that left a child behind (its Ray driver side, vLLM, ...)
+    import time
+
+    stopped = []
+    monkeypatch.setattr(two_nodes, "start_cluster", lambda run, out_dir, cpu, gpus: "cluster")
+    monkeypatch.setattr(two_nodes, "stop_cluster", stopped.append)
+    monkeypatch.setattr(two_nodes, "job_env", lambda cluster: dict(os.environ))
+    monkeypatch.setattr(two_nodes, "layout", lambda cluster, gpus: {"gpus": gpus})
+    pid_file = tmp_path / "child"
+    monkeypatch.setattr(two_nodes, "job_command",
+                        lambda args: ["sh", "-c", f"sleep 60 & echo $! > {pid_file}; sleep 60"])
+    start = time.monotonic()
+    res = two_nodes.run_one(two_nodes.RUNS["one_node"], str(tmp_path / "run"), True, 2, "/m", ("/tr", "/te"), 1.0)
+    assert time.monotonic() - start < 20
+    assert res["rc"] == 124 and res["timed_out"] and stopped == ["cluster"]
+    assert json.load(open(tmp_path / "run" / "run.json"))["rc"] == 124
+    child = int(pid_file.read_text())
+    try:
+        state = open(f"/proc/{child}/stat").read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        state = "gone"
+    assert state in ("Z", "gone"), f"the job's child survived the timeout (state {state})"
