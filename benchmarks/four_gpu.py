@@ -32,6 +32,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 sys.path.insert(0, ROOT)
 import scale_report  # noqa: E402  (benchmarks/: this script's folder)
+from runner import run_gpus  # noqa: E402
 
 ARA = "actor_rollout_ref"
 TP, PP = f"{ARA}.actor.megatron.tensor_model_parallel_size", f"{ARA}.actor.megatron.pipeline_model_parallel_size"
@@ -150,11 +151,7 @@ def environment(gpus: int, cpu: bool) -> dict[str, str]:
     env.setdefault("HYBRIDRL_MODEL_CACHE", "/tmp/mcache")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH", "")) if p)
     if not cpu:  # the first `gpus` GPUs of the machine (of those the caller left visible)
-        visible = env.get("CUDA_VISIBLE_DEVICES")
-        ids = visible.split(",") if visible else [str(i) for i in range(gpus)]
-        if len(ids) < gpus:
-            raise SystemExit(f"four_gpu: the run needs {gpus} GPUs, CUDA_VISIBLE_DEVICES={visible} shows {len(ids)}")
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(ids[:gpus])
+        env["CUDA_VISIBLE_DEVICES"] = run_gpus(gpus, "four_gpu: the run")
     return env
 
 

@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import time
+from typing import Callable
 
 
 def session_pids(sid: int) -> list[int]:
@@ -26,11 +27,11 @@ def session_pids(sid: int) -> list[int]:
     return pids
 
 
-def kill_session(sid: int, timeout: float = 10) -> None:
-    """SIGKILL every process of session `sid` (SIGCONT first: a stopped process is killed too), in rounds until
-    none is left (one may fork meanwhile); RuntimeError naming the survivors after `timeout`."""
+def kill_until_gone(find: Callable[[], list[int]], timeout: float) -> list[int]:
+    """SIGKILL every process `find` returns (SIGCONT first: a stopped process is killed too), in rounds until it
+    returns none (one may fork meanwhile, or be caught mid-exec) or `timeout` passes; returns the survivors."""
     deadline = time.monotonic() + timeout
-    while (pids := session_pids(sid)) and time.monotonic() < deadline:
+    while (pids := find()) and time.monotonic() < deadline:
         for pid in pids:
             for sig in (signal.SIGCONT, signal.SIGKILL):
                 try:
@@ -38,8 +39,27 @@ def kill_session(sid: int, timeout: float = 10) -> None:
                 except ProcessLookupError:
                     pass
         time.sleep(0.1)
-    if session_pids(sid):
-        raise RuntimeError(f"processes of session {sid} survive SIGKILL: {session_pids(sid)}")
+    return find()
+
+
+def kill_session(sid: int, timeout: float = 10) -> None:
+    """Every process of session `sid` killed; RuntimeError naming the survivors after `timeout`."""
+    if left := kill_until_gone(lambda: session_pids(sid), timeout):
+        raise RuntimeError(f"processes of session {sid} survive SIGKILL: {left}")
+
+
+def kill_run(marker: str, timeout: float = 5) -> list[int]:
+    """Every process carrying the run's `marker` (run_processes) killed; returns the survivors after `timeout`."""
+    return kill_until_gone(lambda: run_processes(marker), timeout)
+
+
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except OSError:
+        return False
 
 
 def cmdline(pid: int) -> str:

@@ -10,7 +10,6 @@ of peer_verl.md; issue 34's rows give each trainer its best documented settings 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import threading
 import time
@@ -18,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 from peer_verl import settings
-from procs import run_processes
+from procs import kill_run
 from rows_one_gpu import smol_dir
 from runner import ROOT, Actions, Capture, Command, Context, Run, Step, bash_quote, fresh_folder, run_gpus
 
@@ -116,16 +115,7 @@ class Train:
         """A run killed by its cap can leave Ray workers holding GPU memory: kill what this run started (never
         `ray stop`, which would end a run on the machine's other GPUs), then wait (30 s at most) until the run's
         fullest GPU has let go, so the next run starts on free GPUs."""
-        for _ in range(50):  # rounds: a process caught mid-exec shows an empty environment, and one may still fork
-            pids = run_processes(marker)
-            if not pids:
-                break
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
-            time.sleep(0.1)
+        kill_run(marker)
         for _ in range(30):
             used = [int(v) for v in _smi("-i", self.gpus, "--query-gpu=memory.used", "--format=csv,noheader,nounits")
                     if v.isdigit()]

@@ -55,7 +55,7 @@ def test_the_clean_up_kills_what_the_run_started_and_nothing_else(tmp_path):
         train._clear_gpus("=".join(marker))  # nvidia-smi absent here: only the kill, no wait
         assert ours.wait(timeout=10) == -9
         deadline = time.time() + 10
-        while _alive(grandchild):
+        while procs.alive(grandchild):
             assert time.time() < deadline, "the run's grandchild survived its clean-up"
             time.sleep(0.05)
         assert other.poll() is None, "the clean-up killed another run's process"
@@ -63,14 +63,6 @@ def test_the_clean_up_kills_what_the_run_started_and_nothing_else(tmp_path):
         for proc in (ours, other):
             proc.kill()
             proc.wait()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _cmdline(pid: int) -> bytes:
