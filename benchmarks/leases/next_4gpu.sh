@@ -18,7 +18,7 @@ A_END=$(( $(date +%s) + $(left) - 40 ))
 log "phase A until $(( A_END - $(date +%s) ))s from now"
 ( CUDA_VISIBLE_DEVICES=0,1 timeout -k 10 $(( A_END - $(date +%s) )) python3 -m pytest tests/gpu -v --durations=0 \
     -o faulthandler_timeout=240 -p no:cacheprovider > $L/tests_gpu.log 2>&1; echo $? > $L/tests_gpu.rc ) &
-phase_rows 2 i40 $A_END lora_smol startup_smol lora_7b_lora &
+phase_rows 2 i40 $A_END lora_7b_awake lora_smol startup_smol &
 phase_rows 3 i41 $A_END agent_tools_traces agent_tools_sft agent_tools_grpo_tools agent_tools_grpo_no_tools &
 wait
 log "phase A done: tests/gpu rc $(cat $L/tests_gpu.rc 2>/dev/null); 40: $(tr '\n' ' ' < $L/i40.rc); 41: $(tr '\n' ' ' < $L/i41.rc)"
