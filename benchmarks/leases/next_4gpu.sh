@@ -4,6 +4,7 @@
 # most, and lease 6 lost the A/B by putting it last. Then issue 40 (LoRA on SmolLM2), issue 39 (start-up, cold then
 # warm) and issue 41 (agent_tools) on the GPUs tests/gpu leaves free.
 
+te_ready
 # ---------------------------------------------------------------- phase B (4 GPUs)
 timeout -k 5 100 python3 -m torch.distributed.run --standalone --nproc_per_node=4 \
   benchmarks/multi_gpu_bench.py allgather --out $L/r/allgather_4.json > $L/probe_default.log 2>&1
