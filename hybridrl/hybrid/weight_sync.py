@@ -84,7 +84,7 @@ class SyncOptions:
     check: bool = True
     check_fraction: float = 1.0
     direct: bool = True  # copy shards straight into the engine where proven (hybridrl.hybrid.direct)
-    zero_copy: bool = True  # cross-GPU pieces view to view where both ends allow it (remote.py), else staged
+    zero_copy: bool = False  # cross-GPU pieces view to view where both ends allow it (remote.py); staged was faster
     # LoRA with lora.merge=false: the base streams at the first push only, the adapters every push (adapter_sync.py)
     adapters: bool = False
 

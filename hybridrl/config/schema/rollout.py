@@ -116,7 +116,9 @@ class RolloutConfig:
     cross_gpu_zero_copy: bool = doc(
         "Where the rollout layout needs pieces other GPUs train (e.g. tp2 -> tp_g1, pp2 -> tp_g2), send each piece "
         "from the actor's storage straight into the engine's weight when both are contiguous and of one dtype; "
-        "false: every such piece goes through staging buffers (bucket-sized rounds).", True)
+        "false (the default): every such piece goes through staging buffers (bucket-sized rounds), which were "
+        "faster on 4 x H200 (tp2 -> tp_g1 x dp_g4, 7B: 56.7 ms staged against 67.6 ms view to view, 2026-11-28, "
+        "benchmarks/results/four_gpu.md).", False)
     sync_check: SyncCheckConfig = field(default_factory=SyncCheckConfig)
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     enable_rollout_routing_replay: bool = doc(
