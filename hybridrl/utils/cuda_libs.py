@@ -42,9 +42,12 @@ def pin_cudnn_for_transformer_engine(environ: Optional[MutableMapping[str, str]]
                                      home: Optional[str] = None) -> Optional[str]:
     """CUDNN_HOME := torch's cuDNN when neither CUDNN_HOME nor CUDNN_PATH is set; returns what it set (or None)."""
     env: MutableMapping[str, str] = os.environ if environ is None else environ
-    if _user_set(env):
-        return None
     home = home or torch_cudnn_home()
+    # a child process inherits the CUDNN_HOME its parent's `import hybridrl` set: that is no user's choice, and the
+    # child needs the preload too (test_vllm_lora's spawned child did not get it: 4 setup errors, H200 x4, 2026-11-28)
+    inherited = bool(home) and env.get("CUDNN_HOME") == home and not env.get("CUDNN_PATH")
+    if _user_set(env) and not inherited:
+        return None
     if home:
         env["CUDNN_HOME"] = home
         if _has_transformer_engine():  # its only reader: a host without it loads nothing more at import

@@ -10,6 +10,22 @@ import gc
 
 import pytest
 
+_config = None
+
+
+def pytest_configure(config):
+    global _config
+    _config = config
+
+
+def pytest_runtest_logreport(report):
+    """A failure's traceback goes to the log the moment it happens: pytest prints them at the end, and a lease that
+    cuts the suite at its deadline (2026-11-28: test_vllm_lora's 4 setup errors) kept only their names."""
+    terminal = _config.pluginmanager.get_plugin("terminalreporter") if _config is not None else None
+    if report.failed and terminal is not None:
+        terminal.write_line(f"\n---- {report.nodeid} failed in its {report.when}:")
+        terminal.write_line(report.longreprtext[-6000:])
+
 
 @pytest.fixture(scope="module")
 def layout():

@@ -93,3 +93,19 @@ def test_a_user_set_cudnn_is_not_preloaded_over(tmp_path, monkeypatch):
     env: dict[str, str] = {}
     assert pin_cudnn_for_transformer_engine(env, home="/x/nvidia/cudnn") == "/x/nvidia/cudnn"
     assert calls == ["/x/nvidia/cudnn"] and env == {"CUDNN_HOME": "/x/nvidia/cudnn"}
+
+
+def test_a_child_that_inherited_our_cudnn_home_preloads_too(monkeypatch):
+    # spawn copies the parent's environment, CUDNN_HOME included: the child must still load torch's cuDNN parts
+    import hybridrl.utils.cuda_libs as cuda_libs
+
+    calls = []
+    monkeypatch.setattr(cuda_libs, "preload_torch_cudnn", lambda home: calls.append(home))
+    monkeypatch.setattr(cuda_libs, "_has_transformer_engine", lambda: True)
+    env = {"CUDNN_HOME": "/x/nvidia/cudnn"}
+    assert pin_cudnn_for_transformer_engine(env, home="/x/nvidia/cudnn") == "/x/nvidia/cudnn"
+    assert calls == ["/x/nvidia/cudnn"]
+    # a CUDNN_HOME elsewhere, or any CUDNN_PATH, is the user's: left alone
+    for user in ({"CUDNN_HOME": "/opt/cudnn"}, {"CUDNN_HOME": "/x/nvidia/cudnn", "CUDNN_PATH": "/opt/cudnn"}):
+        assert pin_cudnn_for_transformer_engine(dict(user), home="/x/nvidia/cudnn") is None
+    assert calls == ["/x/nvidia/cudnn"]
