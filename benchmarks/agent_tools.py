@@ -89,31 +89,48 @@ STAGES = {
 }
 
 
-def last_validation(run_dir: str) -> dict[str, float]:
-    rows = [json.loads(line) for line in open(os.path.join(run_dir, "logs", "metrics.jsonl"))]
-    vals = [r for r in rows if "val/score" in r]
-    if not vals:
-        raise SystemExit(f"{run_dir}: no validation in logs/metrics.jsonl")
-    return vals[-1]
+def validations(run_dir: str) -> list[dict]:
+    """The run's validation rows in step order (step 0 is before training)."""
+    path = os.path.join(run_dir, "logs", "metrics.jsonl")
+    if not os.path.isfile(path):
+        return []
+    return [r for r in (json.loads(line) for line in open(path)) if "val/score" in r]
+
+
+def after_training(run_dir: str) -> Optional[dict]:
+    """The last validation after at least one step, or None (a run cut before its end validates only at step 0)."""
+    vals = [r for r in validations(run_dir) if r.get("step", 0) > 0]
+    return vals[-1] if vals else None
 
 
 def report(out_dir: str, path: str, device: Optional[str]) -> dict:
-    tools, plain = last_validation(os.path.join(out_dir, "grpo_tools")), last_validation(os.path.join(out_dir, "grpo_no_tools"))
+    tools_dir, plain_dir = os.path.join(out_dir, "grpo_tools"), os.path.join(out_dir, "grpo_no_tools")
+    tools, plain = after_training(tools_dir), after_training(plain_dir)
+    if tools is None:
+        raise SystemExit(f"{tools_dir}: no validation after training in logs/metrics.jsonl")
+    before = {name: (validations(d) or [{}])[0].get("val/score") for name, d in (("tools", tools_dir),
+                                                                                ("no_tools", plain_dir))}
     metrics = {"tool_call_rate_after": tools.get("val/agent/tool_call_rate", 0.0),
                "turns_per_sample": tools.get("val/agent/turns_per_sample", 0.0),
-               "val_score_tools_minus_no_tools": tools["val/score"] - plain["val/score"],
-               "val_score_tools": tools["val/score"], "val_score_no_tools": plain["val/score"]}
+               # None when the run without the tool ended before its last validation: nothing to compare
+               "val_score_tools_minus_no_tools": tools["val/score"] - plain["val/score"] if plain else None,
+               "val_score_tools": tools["val/score"], "val_score_no_tools": plain["val/score"] if plain else None,
+               "val_score_tools_before": before["tools"], "val_score_no_tools_before": before["no_tools"],
+               "rl_steps_tools": tools.get("step"), "rl_steps_no_tools": plain.get("step") if plain else None}
     result = {"command": f"python benchmarks/agent_tools.py run {' '.join(STAGES)} --out {out_dir}",
               "device": device or "unknown", "date": datetime.date.today().isoformat(), "metrics": metrics}
     with open(path, "w") as f:
         json.dump(result, f, indent=1)
     checks = [("tool_call_rate_after >= 0.5", metrics["tool_call_rate_after"] >= 0.5),
               ("turns_per_sample > 1.5", metrics["turns_per_sample"] > 1.5),
-              ("val_score_tools_minus_no_tools > 0", metrics["val_score_tools_minus_no_tools"] > 0)]
+              ("val_score_tools_minus_no_tools > 0", metrics["val_score_tools_minus_no_tools"] is not None
+               and metrics["val_score_tools_minus_no_tools"] > 0)]
     lines = ["# agent_tools: SFT warm-start on calculator traces, then GRPO with and without the tool", "",
              f"{result['date']}, {result['device']}: `{result['command']}`", "", "| metric | value |", "| --- | --- |"]
-    lines += [f"| {k} | {v:.4f} |" for k, v in metrics.items()]
+    lines += [f"| {k} | {'-' if v is None else f'{v:.4f}'} |" for k, v in metrics.items()]
     lines += ["", *[f"- {name}: {'yes' if ok else 'NO'}" for name, ok in checks]]
+    if plain is None:
+        lines += ["", "grpo_no_tools has no validation after training (the run ended before it): not compared."]
     with open(path[:-5] + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
