@@ -25,8 +25,13 @@ case "${1:-}" in
   start)
     mkdir -p $L && cp "$0" $L/lease.sh && cp "${2:?plan file}" $L/plan.sh
     echo $(( $(date +%s) + ${3:?seconds} )) > $L/end
-    setsid nohup bash "$0" orchestrate > $L/orchestrator.log 2>&1 < /dev/null &
-    sleep 2; cat $L/orchestrator.log; exit 0 ;;
+    # The orchestrator runs from a copy of the tree: every device call copies the working tree again, and a run
+    # that imported from it during a copy failed (No module named 'hybridrl.data.tokenizer', 4 x H200, 2026-11-28).
+    T=/tmp/lease_tree; [ -e $T ] && mv $T $T.$(date +%s)
+    mkdir -p $T && tar -C "$(dirname "$HERE")" --exclude=./.git --exclude=./.gpu --exclude=./.gpu_verl --exclude=./.venv \
+      --exclude=__pycache__ -cf - . | tar -C $T -xf -
+    (cd $T && setsid nohup bash benchmarks/lease.sh orchestrate > $L/orchestrator.log 2>&1 < /dev/null &)
+    sleep 2; echo "tree copied to $T"; cat $L/orchestrator.log; exit 0 ;;
   poll)
     for _ in $(seq 1 "${2:?seconds}"); do [ -f $L/done ] && break; sleep 1; done
     tail -n 25 $L/lease.log; nvidia-smi --query-gpu=index,utilization.gpu,memory.used,clocks.sm,power.draw --format=csv,noheader
