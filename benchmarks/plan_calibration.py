@@ -50,6 +50,8 @@ L2 = "4 x H200, 2026-11-27 (second lease: four_gpu runs at verl's batch sizes, T
 L3 = "4 x H200, 2026-11-27 (third lease, call 2: TE, packed micro-batches, vLLM CUDA graphs, gpu_memory_utilization " \
      "0.4, ignore_eos; medians of steps 2-5)"
 L6 = "4 x H200, 2026-11-28 (sixth lease: cross-GPU sync with zero-copy views; medians of steps 2-N)"
+L7 = ("4 x H200, 2026-11-28 (seventh lease: the zero-copy A/B, view to view and staged; medians of steps 2-N; "
+      "the machine ran tests/gpu and one-GPU rows before, not beside)")
 
 # the reward model's shape (a 0.5B-shaped Qwen2ForSequenceClassification, reward_model.md), relative to the repository
 RM_PATH = "reward_model.model.path=benchmarks/plan_models/Qwen2.5-0.5B-RM"
@@ -66,6 +68,8 @@ SOURCES: list[dict[str, Any]] = [
       for p, m in (("14b_4gpu", "Qwen2.5-14B"), ("7b_pp2dp2_rtp2", "Qwen2.5-7B"), ("7b_big_rdp4", "Qwen2.5-7B"))],
     *[dict(name=f"h200x4_6_{p}", lease="h200x4_6", model="Qwen2.5-7B", gpu="H200",
            prefix=f"four_gpu_h200x4_6/r/{p}/", note=L6) for p in ("7b_big_rdp4", "7b_pp2dp2_rtp2")],
+    *[dict(name=f"h200x4_7_{p}", lease="h200x4_7", model="Qwen2.5-7B", gpu="H200",
+           prefix=f"four_gpu_h200x4_7/r/{p}/", note=L7) for p in ("7b_big_rdp4", "7b_big_rdp4.staged")],
     dict(name="h200x2_1p5b_1gpu", lease="h200x2", model="Qwen2.5-1.5B", gpu="H200", prefix="four_gpu_h200x2/1p5b_1gpu_",
          note="2 x H200, 2026-11-27 (four_gpu_h200x2.json; medians of steps 2-6)", replaces="1p5b_1gpu"),
     dict(name="h200x2_1p5b_dp2", lease="h200x2", model="Qwen2.5-1.5B", gpu="H200", prefix="four_gpu_h200x2/1p5b_dp2_",

@@ -52,10 +52,11 @@ def test_plan_step_time_error_max_over_every_row():
           f"{max(e for n, e in errors.items() if n not in KNOWN_MISSES):.3f}")
     assert {n for n, e in errors.items() if e > 0.2} == KNOWN_MISSES
     # the 4 x H200 rows are in: seven of the first lease (the eager one too), five of the second, three of the third
-    # (call 2), two of the sixth (benchmarks/plan_calibration.py SOURCES; the rest in the file's left_out)
+    # (call 2), two of the sixth, two of the seventh (benchmarks/plan_calibration.py SOURCES; the rest in left_out)
     leases = [r["name"] for r in ROWS if r["name"].startswith("h200x4_")]
-    assert [len([n for n in leases if n.startswith(p)]) for p in ("h200x4_2_", "h200x4_3_", "h200x4_6_")] == [5, 3, 2]
-    assert len(leases) == 17
+    assert [len([n for n in leases if n.startswith(p)])
+            for p in ("h200x4_2_", "h200x4_3_", "h200x4_6_", "h200x4_7_")] == [5, 3, 2, 2]
+    assert len(leases) == 19
 
 
 def test_decode_is_latency_bound_and_tp_g_pays_an_all_reduce_a_layer():
@@ -77,7 +78,7 @@ def test_decode_is_latency_bound_and_tp_g_pays_an_all_reduce_a_layer():
 # lease 6's rows copied through zero-copy views, at 2.9-3.2x the copy's floor (four_gpu.md, lease 6): not the copy
 # sync_copy_efficiency was measured on; their bytes are still checked below
 CROSS_GPU = [r for r in ROWS if "sync_received_gb" in r.get("phases_s", {})]
-ZERO_COPY = {"h200x4_6_7b_big_rdp4", "h200x4_6_7b_pp2dp2_rtp2"}
+ZERO_COPY = {"h200x4_6_7b_big_rdp4", "h200x4_6_7b_pp2dp2_rtp2", "h200x4_7_7b_big_rdp4"}
 
 
 @pytest.mark.parametrize("row", CROSS_GPU, ids=[r["name"] for r in CROSS_GPU])
@@ -101,12 +102,21 @@ CHECKED = [r for r in ROWS if "sync_check" in r.get("phases_s", {}) and r["name"
            and r["name"].startswith("h200x4_")]
 
 
+# rows whose check the term misses by more than 25%, with why: kept so that a model that starts to fit them is noticed
+CHECK_MISSES = {
+    # 0.16 s predicted, 0.120 measured (steps 2-5: 0.086-0.146 s); the same machine's view-to-view run just before
+    # checked the same 282 + 339 pieces in 0.141 s, the other leases' runs of this row 0.141-0.153 s
+    "h200x4_7_7b_big_rdp4.staged",
+}
+
+
 @pytest.mark.parametrize("row", CHECKED, ids=[r["name"] for r in CHECKED])
 def test_sync_check_term_against_the_measured_check(row):
     """timing_s/sync_check of every row that synced by direct copy: the check of the engine's shard and of the
     received bytes."""
     predicted = step_seconds(_run(row["overrides"], row["gpus"]), resolve(row["model"]), gpu_named(row["gpu"]))["sync_check"]
-    assert predicted == pytest.approx(row["phases_s"]["sync_check"], rel=0.25), (predicted, row["phases_s"]["sync_check"])
+    within = predicted == pytest.approx(row["phases_s"]["sync_check"], rel=0.25)
+    assert within != (row["name"] in CHECK_MISSES), (predicted, row["phases_s"]["sync_check"])
 
 
 def test_receive_fraction_of_nested_and_crossed_shards():
