@@ -71,5 +71,6 @@ class GenerationConfig:
         "rollout.calculate_log_probs", "rollout.log_prob_micro_batch_size", "rollout.log_prob_micro_batch_size_per_gpu",
         "rollout.log_prob_use_dynamic_bsz", "rollout.log_prob_max_token_len_per_gpu",
         "rollout.update_weights_bucket_megabytes", "rollout.direct_weight_copy", "rollout.cross_gpu_zero_copy",
+        "rollout.cross_gpu_overlap_local",
         "rollout.sync_check",
         "rollout.enable_rollout_routing_replay")

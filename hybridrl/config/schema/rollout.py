@@ -119,6 +119,10 @@ class RolloutConfig:
         "false (the default): every such piece goes through staging buffers (bucket-sized rounds), which were "
         "faster on 4 x H200 (tp2 -> tp_g1 x dp_g4, 7B: 56.7 ms staged against 67.6 ms view to view, 2026-11-28, "
         "benchmarks/results/four_gpu.md).", False)
+    cross_gpu_overlap_local: bool = doc(
+        "Where a sync both copies this GPU's own shards into the engine and receives pieces from other GPUs (e.g. tp2 "
+        "-> tp_g1), run the local copies on a second CUDA stream while the cross-GPU rounds are on the wire; false: "
+        "the local copies first, then the rounds.", True)
     sync_check: SyncCheckConfig = field(default_factory=SyncCheckConfig)
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     enable_rollout_routing_replay: bool = doc(
