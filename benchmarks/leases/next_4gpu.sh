@@ -2,7 +2,8 @@
 #   bash benchmarks/lease.sh start benchmarks/leases/next_4gpu.sh SECONDS
 # Phase B first (all four GPUs): the profile of the staged cross-GPU copy, which two leases could not fit (its
 # steps other than step 3 are the local copies' overlap A/B against --tag serial); the bucket A/B (60 rounds
-# against 15); pp2 -> tp_g2 on the staged default. Then phase A: tests/gpu as one command on GPUs 0-1 (about 12.5 minutes), issue 40's lora_smol alone on GPU 2, issue 41's run without the tool on GPU 3.
+# against 15); pp2 -> tp_g2 on the staged default. Then phase A: tests/gpu as one command on GPUs 0-1 (about
+# 12.5 minutes), issue 40's lora_smol alone on GPU 2, issue 41's run without the tool on GPU 3.
 te_ready
 
 # ---------------------------------------------------------------- phase B (4 GPUs)
