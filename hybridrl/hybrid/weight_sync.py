@@ -247,7 +247,7 @@ class WeightSync:
     def _side_stream(self, direct: Optional[DirectCopy], remote: Optional[RemoteCopy]) -> Optional[torch.cuda.Stream]:
         """The stream the local copies run on beside the cross-GPU rounds (SyncOptions.overlap_local), waiting for
         what this stream queued before (the optimizer step that wrote the shards); None: run them in line."""
-        if not (self.options.overlap_local and direct is not None and remote is not None and remote.rounds
+        if not (self.options.overlap_local and direct is not None and remote is not None
                 and direct.pairs[0].dst.is_cuda):
             return None
         if self._copy_stream is None:
@@ -261,9 +261,10 @@ class WeightSync:
         copied_names: set[str] = set()
         side = self._side_stream(direct, remote)
         if direct is not None:
-            # the NCCL rounds start behind everything queued on this stream: the local copies (5-8 ms of the 7B
-            # rdp4 sync's 57, 4 x H200) on their own stream let the first round go at once. They write other
-            # bytes of the engine's weights than the rounds, and read the actor's shards as the packing does.
+            # the NCCL rounds start behind everything queued on this stream: the local copies on their own stream
+            # let the first round go at once (tp2 -> tp_g2 copied its 7.6 GB a GPU in 4.7 ms, 4 x H200; rdp4's
+            # local half is as large). They write other bytes of the engine's weights than the rounds do, and read
+            # the actor's shards as the packing does.
             with torch.cuda.stream(side) if side is not None else nullcontext():
                 direct.run()
             copied_names |= direct.names
