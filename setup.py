@@ -30,7 +30,8 @@ EXTRAS = {
     "gpu": ["vllm==0.26.0"],
     "data": ["reasoning-gym==0.1.25"],
     "dev": ["pytest", "pytest-timeout", "ruff", "wandb", "reasoning-gym==0.1.25", "pandas",
-            "peft>=0.21,<0.23"],  # the LoRA tests' independent reference (tests/dist/test_megatron_lora.py)
+            "peft>=0.21,<0.23",  # the LoRA tests' independent reference (tests/dist/test_megatron_lora.py)
+            "gguf==0.19.0"],  # the GGUF tokenizer tests (tests/unit/test_data_tokenizer.py), skipped without it
 }
 
 setup(

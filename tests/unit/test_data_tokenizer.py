@@ -113,3 +113,25 @@ def test_gguf_without_package_is_a_clear_error(tmp_path, monkeypatch):
     with pytest.raises(ImportError, match=r"m.gguf: reading GGUF files needs the 'gguf' package \(pip install gguf\)"):
         load_tokenizer(str(tmp_path), gguf_file="m.gguf")
     assert os.path.exists(tmp_path / "m.gguf")
+
+
+def test_gguf_special_tokens_win_over_what_transformers_read(tmp_path, monkeypatch):
+    # transformers 5.17 (the GPU host's) read SmolLM2's GGUF with eos <|im_start|> and no pad, where the file says
+    # eos 2 and pad 2 (reproduced with 5.17.0 installed apart, 2026-11-28); here that misreading is imposed on the
+    # tiny file, whose metadata says bos 0, eos 2 and no pad
+    pytest.importorskip("gguf")
+    write_tiny_gguf(str(tmp_path / "tiny.gguf"))
+    assert tokmod.gguf_special_token_ids(str(tmp_path / "tiny.gguf")) == {"bos_token": 0, "eos_token": 2}
+    from transformers import AutoTokenizer
+
+    real = AutoTokenizer.from_pretrained
+
+    def misread(*args, **kwargs):
+        tok = real(*args, **kwargs)
+        tok.eos_token, tok.pad_token = "<|im_start|>", None
+        return tok
+
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", misread)
+    tok = load_tokenizer(str(tmp_path), gguf_file="tiny.gguf")
+    assert (tok.eos_token, tok.eos_token_id, tok.pad_token) == ("<|im_end|>", 2, "<|im_end|>")
+    assert tok.bos_token == "<|endoftext|>"
