@@ -110,13 +110,14 @@ def _write_hf_dir(gguf: str, out: str, shown: str) -> None:
         raise ImportError(f"{gguf}: reading GGUF models needs the `gguf` package (pip install gguf)") from None
     import torch
     from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from hybridrl.data.tokenizer import load_tokenizer
+    from hybridrl.utils.gguf_tokens import pin_gguf_special_tokens
 
     folder, name = os.path.dirname(gguf), os.path.basename(gguf)
     print(f"hybridrl: dequantizing {name} into {shown} (once; later runs reuse it)", flush=True)
-    tokenizer = load_tokenizer(folder, gguf_file=name, require_chat_template=False)  # special tokens as the file says
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    pin_gguf_special_tokens(tokenizer, gguf)  # the special tokens as the file says, not as transformers read them
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     state = {k: v.contiguous() for k, v in model.state_dict().items()}
     if getattr(model.config, "tie_word_embeddings", False):
