@@ -21,10 +21,9 @@ import os
 import string
 from typing import Iterable, Optional, Sequence
 
-from hybridrl.utils.gguf_tokens import gguf_special_token_ids, pin_gguf_special_tokens  # noqa: F401
+from hybridrl.utils.gguf_tokens import pin_gguf_special_tokens
 
-__all__ = ["load_tokenizer", "build_tiny_tokenizer", "pin_gguf_special_tokens", "CHATML_TEMPLATE",
-           "DEFAULT_ALPHABET"]
+__all__ = ["load_tokenizer", "build_tiny_tokenizer", "CHATML_TEMPLATE", "DEFAULT_ALPHABET"]
 
 logger = logging.getLogger(__name__)
 

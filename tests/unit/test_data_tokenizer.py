@@ -121,7 +121,9 @@ def test_gguf_special_tokens_win_over_what_transformers_read(tmp_path, monkeypat
     # tiny file, whose metadata says bos 0, eos 2 and no pad
     pytest.importorskip("gguf")
     write_tiny_gguf(str(tmp_path / "tiny.gguf"))
-    assert tokmod.gguf_special_token_ids(str(tmp_path / "tiny.gguf")) == {"bos_token": 0, "eos_token": 2}
+    from hybridrl.utils.gguf_tokens import gguf_special_token_ids
+
+    assert gguf_special_token_ids(str(tmp_path / "tiny.gguf")) == {"bos_token": 0, "eos_token": 2}
     from transformers import AutoTokenizer
 
     real = AutoTokenizer.from_pretrained
