@@ -108,9 +108,13 @@ class StopSignals:
             self._group = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
         flag = torch.tensor([self.signum or 0], dtype=torch.int32)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
-        if flag.item() and self.signum is None:  # it reached another rank first (or only)
-            self._note(int(flag.item()), "received by another rank")
-        return self.requested
+        agreed = int(flag.item())
+        if agreed and self.signum is None:  # it reached another rank first (or only)
+            self._note(agreed, "received by another rank")
+        # the answer is the reduced flag alone: a signal handled after this rank gave its flag (the handler runs when
+        # the all-reduce returns) is this rank's news only, and stopping on it would leave the others training
+        # while this one waits in the save's collectives; it counts at the next boundary, on every rank
+        return agreed != 0
 
     def stopped_after(self, step: int, saved_to: Optional[str]) -> None:
         """The step in flight is done (and saved to `saved_to`, or not saved at all): the grace timer ends, and rank 0

@@ -98,3 +98,35 @@ def test_torchruns_shutdown_timeout_from_its_arguments(monkeypatch):
     assert shutdown_timeout_s(["--nproc_per_node", "2", "x.py", "--shutdown-timeout", "9"]) == 40  # the script's
     monkeypatch.delenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT")
     assert shutdown_timeout_s(["-m", "hybridrl.trainer.main_sft"]) == 30
+
+
+def test_ranks_agree_on_the_reduced_flag_not_on_a_signal_that_came_during_the_all_reduce(monkeypatch):
+    """torchrun forwards SIGTERM to the ranks at different instants. A signal whose handler runs when this rank's
+    all-reduce returns (its flag, 0, already given) must not stop this rank alone: the peer got 0 and trains on,
+    and this rank would wait for it in the save's collectives until torchrun kills both (seen: a 90 s hang)."""
+    import torch
+    import torch.distributed as dist
+
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_backend", lambda *a, **k: "gloo")
+    peers = {"flag": 0}
+
+    with StopSignals(grace_s=30, ranks=True) as s:
+        s.training = True
+
+        def all_reduce(flag, op=None, group=None):  # the peer's flag, then the signal lands as the call returns
+            flag.copy_(torch.maximum(flag, torch.tensor([peers["flag"]], dtype=flag.dtype)))
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        monkeypatch.setattr(dist, "all_reduce", all_reduce)
+        assert not s.agreed()  # both ranks gave 0: neither stops at this boundary
+        assert s.requested  # the signal is kept for the next boundary
+        monkeypatch.setattr(dist, "all_reduce", lambda flag, op=None, group=None: None)
+        assert s.agreed()  # where this rank's flag carries it to every rank
+        peers["flag"] = signal.SIGTERM
+    s2 = StopSignals(grace_s=30, ranks=True)
+    with s2:
+        monkeypatch.setattr(dist, "all_reduce",
+                            lambda flag, op=None, group=None: flag.copy_(torch.tensor([peers["flag"]])))
+        assert s2.agreed() and s2.signum == signal.SIGTERM  # the peer's signal stops this rank too
