@@ -17,7 +17,7 @@ Instead of editing installed files, `apply()` (only when no CUDA device is used)
      tensors of different lengths (the dispatcher gathers each expert-tp rank's tokens), which NCCL runs
      and gloo rejects: the mode pads them to the longest;
 and `install_memory_buffer()` (after model-parallel init) swaps in a CPU attention buffer.
-It also turns off oneDNN for matmuls (see apply()).
+It also turns off oneDNN for matmuls and megatron's torch.compile fuser (see apply()).
 `without_transformer_engine()` (CPU and GPU) fills a name megatron's MoE router expects from TE.
 `fix_two_stage_interleaving()` is the one fix of megatron-core that applies on every device (GPU too):
 with two pipeline stages and virtual stages its shape exchange pairs messages wrongly (see there).
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 from typing import Any
 
 import torch
@@ -75,6 +76,7 @@ def apply(force_cpu: bool = False) -> None:
     global _APPLIED, _MODE
     if _APPLIED or (torch.cuda.is_available() and not force_cpu):
         return
+    _import_megatron_without_compile()
     _stub_torch_cuda()
     _MODE = _CudaToCpu()
     _MODE.__enter__()  # stays pushed for the life of the process (CPU workers only)
@@ -85,6 +87,29 @@ def apply(force_cpu: bool = False) -> None:
     # with plain BLAS). CPU training here is for tests and demos, where that dominates.
     torch.backends.mkldnn.enabled = False
     _APPLIED = True
+
+
+def _import_megatron_without_compile() -> None:
+    """megatron-core wraps a dozen functions in torch.compile (megatron.core.jit.jit_fuser) while it is imported,
+    and that first call imports inductor and dynamo: ~2.5 of the ~6 CPU-s that `import megatron.core` costs every
+    worker, torchrun rank and CLI on CPU. None of them runs compiled here: the fusions they serve are off
+    (builder.py), and the one called on CPU, the MoE router's expert-bias count, only adds to a counter. So on CPU
+    megatron is imported with torch.compile passing functions through, and its own disable_jit_fuser() keeps
+    what it imports later eager too. A process that imported megatron before apply() keeps megatron's fuser."""
+    if "megatron.core" in sys.modules:
+        return
+    compile_ = torch.compile
+    torch.compile = _eager
+    try:
+        from megatron.core import jit
+    finally:
+        torch.compile = compile_
+    jit.disable_jit_fuser()
+
+
+def _eager(model: Any = None, **kwargs: Any) -> Any:
+    """torch.compile's signature, compiling nothing: the function itself, or a decorator returning it."""
+    return model if model is not None else (lambda fn: fn)
 
 
 def without_transformer_engine() -> None:

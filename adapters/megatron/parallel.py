@@ -45,12 +45,12 @@ def init_megatron(layout: ParallelLayout, seed: int, timeout_s: Optional[float] 
     process was already initialised with another layout.
     """
     global _LAYOUT
-    from megatron.core import parallel_state
-
     if not dist.is_initialized():
         raise RuntimeError("init_megatron: torch.distributed is not initialised; the worker must call "
                            "torch.distributed.init_process_group first (or parallel.ensure_process_group)")
-    compat.apply()
+    compat.apply()  # before megatron's first import in this process (compat._import_megatron_without_compile)
+    from megatron.core import parallel_state
+
     _check_world(layout)
     if _LAYOUT is not None:
         if _same_groups(_LAYOUT, layout):

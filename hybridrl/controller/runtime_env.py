@@ -160,6 +160,11 @@ def init_ray(num_cpus: int | None = None, num_gpus: int | None = None, *, addres
         check_ray_address(address, connect_timeout_s)  # ray.init alone would retry for ~14 minutes
         # an existing cluster's resources are fixed, and Ray refuses num_cpus/num_gpus when joining one
         num_cpus = num_gpus = None
+    if not joining:
+        # Ray prestarts one idle worker a CPU for the first driver, with the default runtime env: none of them can
+        # host our actors (they carry ours), so each is a process start-up for nothing (~1.5 CPU-s a Ray start on a
+        # 2-core CPU machine; one per core on a GPU host). The raylet started below reads this from our environment.
+        os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
     if not joining and "_temp_dir" not in ray_kwargs:
         # Ray's session folder and the workers' temp files (megatron-core imports wandb, whose temp folders a
         # worker ended by Ray never removes) go into one folder of this run, removed by shutdown_ray
