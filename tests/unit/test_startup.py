@@ -1,7 +1,6 @@
 """Start-up: the parts a user waits for add up, and vLLM's CUDA graphs are fitted to the rollout batch."""
 import contextlib
 import logging
-import time
 
 import pytest
 
@@ -45,21 +44,29 @@ def test_max_rollout_rows_is_the_larger_of_a_train_and_a_val_call_per_replica():
     assert max_rollout_rows(odd, n_val=7) == 6 * 3  # ceil(16 / 3) x n=3; 7 val prompts -> ceil(7/3)=3 x 5 = 15
 
 
-def test_startup_clock_parts_add_up_to_the_total():
+@pytest.fixture
+def clock_time(monkeypatch):
+    """startup.py's perf_counter moves only when the test says (sleep-based timings flaked on a loaded CI)."""
+    fake = _Clock()
+    monkeypatch.setattr(startup.time, "perf_counter", fake)
+    return fake
+
+
+def test_startup_clock_parts_add_up_to_the_total(clock_time):
     clock = StartupClock()
-    time.sleep(0.02)
+    clock_time.now += 0.02
     clock.lap("data")
-    time.sleep(0.05)  # the worker's init call: 0.03 s its own parts, the rest its overhead
+    clock_time.now += 0.05  # the worker's init call: 0.03 s its own parts, the rest its overhead
     clock.add_worker({"actor_build": 0.01, "engine_init": 0.02, "engine_compile": 0.015, "first_sync": 0.0,
                       "unrelated": 9.0})
-    time.sleep(0.01)
+    clock_time.now += 0.01
     m = clock.done()
     parts = {k.rsplit("/", 1)[1]: v for k, v in m.items() if k.startswith("timing_s/startup/")}
     assert set(parts) == {"launch", "data", "actor_build", "engine_init", "engine_compile", "first_sync",
                           "worker_init", "other"}
-    assert parts["data"] == pytest.approx(0.02, abs=0.015)
-    assert parts["worker_init"] == pytest.approx(0.05 - 0.03, abs=0.015)  # init wall minus its listed parts
-    assert parts["other"] == pytest.approx(0.01, abs=0.015)
+    assert parts["data"] == pytest.approx(0.02, abs=1e-9)
+    assert parts["worker_init"] == pytest.approx(0.05 - 0.03, abs=1e-9)  # init wall minus its listed parts
+    assert parts["other"] == pytest.approx(0.01, abs=1e-9)
     # engine_compile is inside engine_init: the total is the sum of the top-level parts only
     top = sum(v for k, v in parts.items() if k != "engine_compile")
     assert top == pytest.approx(m["timing_s/startup"], rel=1e-9)
@@ -67,16 +74,16 @@ def test_startup_clock_parts_add_up_to_the_total():
     assert clock.summary().startswith(f"hybridrl: start-up {m['timing_s/startup']:.1f} s")
 
 
-def test_host_pinning_in_the_background_is_listed_but_only_its_wait_adds_up():
+def test_host_pinning_in_the_background_is_listed_but_only_its_wait_adds_up(clock_time):
     """The actor pins its offload arenas on a thread (host_pin_background) while the start-up goes on; what the
     start-up waited for them (host_pin_wait) is a part of the worker's init like actor_build."""
     clock = StartupClock()
-    time.sleep(0.04)
+    clock_time.now += 0.04
     clock.add_worker({"actor_build": 0.01, "host_pin_wait": 0.02, "host_pin_background": 5.0, "first_sync": 0.0})
     m = clock.done()
     parts = {k.rsplit("/", 1)[1]: v for k, v in m.items() if k.startswith("timing_s/startup/")}
     assert parts["host_pin_wait"] == 0.02 and parts["host_pin_background"] == 5.0
-    assert parts["worker_init"] == pytest.approx(0.04 - 0.03, abs=0.015)
+    assert parts["worker_init"] == pytest.approx(0.04 - 0.03, abs=1e-9)
     top = sum(v for k, v in parts.items() if k != "host_pin_background")
     assert top == pytest.approx(m["timing_s/startup"], rel=1e-9)
     assert "host_pin_background" not in clock.summary()
