@@ -37,9 +37,9 @@ class OneStepOffStream:
 
     def __iter__(self) -> Iterator[Rollout]:
         pending = self._launch(self.first, version=self.first - 1) if self.first <= self.last else None
-        step = self.first
+        step, last_yield = self.first, time.perf_counter()
         while pending is not None:
-            prompts, handle, launch_s = pending
+            prompts, handle, launched_at, launch_s = pending
             start = time.perf_counter()
             batch = self.sampler.finish(handle)
             wait_s = time.perf_counter() - start
@@ -51,11 +51,12 @@ class OneStepOffStream:
             start = time.perf_counter()
             batch = self.sampler.score(batch)
             timing = {"gen": wait_s, "reward": time.perf_counter() - start, "launch_gen": launch_s}
-            metrics["async/overlapped_gen_s"] = max(metrics.get("timing_s/generate", 0.0) - wait_s, 0.0)
+            metrics.update(idle_metrics(metrics.get("timing_s/generate", 0.0), wait_s, start - last_yield,
+                                        pending[2] - launched_at if pending is not None else None))
             yield Rollout(batch, prompts.meta_info.get("epoch", 0), metrics, timing)
-            step += 1
+            step, last_yield = step + 1, time.perf_counter()
 
-    def _launch(self, step: int, version: int) -> Optional[tuple[DataProto, Any, float]]:
+    def _launch(self, step: int, version: int) -> Optional[tuple[DataProto, Any, float, float]]:
         state = self.snapshot()
         prompts = next(self.prompts, None)
         if prompts is None:
@@ -63,8 +64,20 @@ class OneStepOffStream:
         self._state_before_prefetch = state
         start = time.perf_counter()
         handle = self.sampler.start(prompts, step, 0, version)
-        return prompts, handle, time.perf_counter() - start
+        return prompts, handle, start, time.perf_counter() - start
 
     def loader_state(self) -> Optional[dict]:
         """The loader's state to checkpoint after the step just yielded (None: its current state)."""
         return self._state_before_prefetch
+
+
+def idle_metrics(gen_s: float, wait_s: float, cycle_s: float, launch_to_launch_s: Optional[float]) -> dict[str, float]:
+    """Each side's idle time under the fully async mode's names. The trainer: its wait for the batch, over the time
+    since it last got one (`cycle_s`). The rollout: 1 - its generation time over the time from this batch's launch to
+    the next one's (the last batch has no next launch: not reported). `async/overlapped_gen_s`: the generation that
+    ran while the trainer worked."""
+    out = {"async/overlapped_gen_s": max(gen_s - wait_s, 0.0), "timing_s/trainer_idle": wait_s,
+           "trainer/idle_ratio": min(wait_s / cycle_s, 1.0) if cycle_s > 0 else 0.0}
+    if launch_to_launch_s is not None and launch_to_launch_s > 0:
+        out["rollouter/idle_ratio"] = min(max(1.0 - gen_s / launch_to_launch_s, 0.0), 1.0)
+    return out

@@ -76,3 +76,27 @@ def test_checkpoint_state_excludes_the_prefetched_prompts():
 def test_stream_ends_when_the_prompts_run_out():
     events, _ = run_stream(total_batches=2, steps=5)
     assert [e for e in events if e[0] == "train"] == [("train", 1, 1, 0), ("train", 2, 2, 0)]
+
+
+def test_each_sides_idle_time_under_the_fully_async_names():
+    from hybridrl.trainer.one_step_off import idle_metrics
+
+    # the rollout generated 6 s of a 10 s launch-to-launch cycle; the trainer waited 1 s of its 8 s cycle
+    m = idle_metrics(gen_s=6.0, wait_s=1.0, cycle_s=8.0, launch_to_launch_s=10.0)
+    assert m == {"async/overlapped_gen_s": 5.0, "timing_s/trainer_idle": 1.0, "trainer/idle_ratio": 1.0 / 8.0,
+                 "rollouter/idle_ratio": 0.4}
+    assert "rollouter/idle_ratio" not in idle_metrics(6.0, 1.0, 8.0, None)  # the last batch: no next launch
+    assert idle_metrics(6.0, 9.0, 8.0, 4.0)["trainer/idle_ratio"] == 1.0  # clamped, never above 1 or below 0
+    assert idle_metrics(6.0, 9.0, 8.0, 4.0)["rollouter/idle_ratio"] == 0.0
+
+
+def test_the_stream_reports_idle_for_every_step_and_the_rollouts_for_all_but_the_last():
+    loader, events, trained = FakeLoader(10), [], {"updates": 0}
+    stream = OneStepOffStream(loader.batches(), FakeSampler(events, trained), start_step=0, steps=3,
+                              snapshot=loader.state_dict)
+    rows = []
+    for rollout in stream:
+        rows.append(rollout.metrics)
+        trained["updates"] += 1
+    assert all(0.0 <= r["trainer/idle_ratio"] <= 1.0 and r["timing_s/trainer_idle"] >= 0.0 for r in rows)
+    assert ["rollouter/idle_ratio" in r for r in rows] == [True, True, False]
