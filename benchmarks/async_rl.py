@@ -225,7 +225,8 @@ ASYNC_KEYS = ("fully_async/version_lag/mean", "fully_async/version_lag/max", "fu
               "fully_async/queue/in_flight", "timing_s/trainer_idle", "trainer/idle_ratio", "rollouter/idle_ratio",
               "timing_s/rollouter_sync_pause", "fully_async/dropped_stale_groups", "fully_async/partial/partial_ratio",
               "async/staleness")
-ONE_STEP_OFF_KEYS = ("async/staleness", "async/overlapped_gen_s")
+ONE_STEP_OFF_KEYS = ("async/staleness", "async/overlapped_gen_s", "timing_s/trainer_idle", "trainer/idle_ratio",
+                     "rollouter/idle_ratio")
 STALE_CORRECTION = ("rollout_corr/rollout_is_mean", "rollout_corr/rollout_is_eff_sample_size", "rollout_corr/kl",
                     "rollout_corr/ppl_ratio", "rollout_corr/log_ppl_abs_diff")
 EXPECTED = {"colocated": (), "one_step_off": (*ONE_STEP_OFF_KEYS, *STALE_CORRECTION),

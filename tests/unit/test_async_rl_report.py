@@ -67,8 +67,11 @@ ASYNC_STEP = {"fully_async/version_lag/mean": 0.5, "fully_async/version_lag/max"
 
 def test_the_two_gpu_report_has_its_own_names_and_files(tmp_path):
     write_run(tmp_path, "colocated_2", [step(20.0, 100_000.0)] * 3, (0.01, 0.03))
-    write_run(tmp_path, "one_step_off_1_1", [step(25.0, 100_000.0, **{"async/staleness": 1.0,
-                                                                       "async/overlapped_gen_s": 5.0})] * 3, (0.01, 0.02))
+    oso = {"async/staleness": 1.0, "async/overlapped_gen_s": 5.0, "timing_s/trainer_idle": 2.0,
+           "trainer/idle_ratio": 0.08}
+    # its last step has no next launch, so no rollouter/idle_ratio: the key is still logged by the others
+    write_run(tmp_path, "one_step_off_1_1", [step(25.0, 100_000.0, **oso, **{"rollouter/idle_ratio": 0.3})] * 2
+              + [step(25.0, 100_000.0, **oso)], (0.01, 0.02))
     # its last step all fresh: no 1_syncs bucket, which counts as 0 in the histogram's means
     last = {**{k: v for k, v in ASYNC_STEP.items() if k != "fully_async/staleness_hist/1_syncs"},
             "fully_async/staleness_hist/0_syncs": 1.0}
