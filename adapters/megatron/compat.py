@@ -100,10 +100,19 @@ def _import_megatron_without_compile() -> None:
         return
     compile_ = torch.compile
     torch.compile = _eager
+    # megatron's inference context and timers import wandb when it is installed (our dev extras install it), only
+    # to log metrics from megatron's own inference engine and timers, which hybridrl never uses: ~0.8 CPU-s a
+    # process. They are written to run without it, so megatron's import sees none; hybridrl's wandb logger imports
+    # it later as usual.
+    hide_wandb = "wandb" not in sys.modules
+    if hide_wandb:
+        sys.modules["wandb"] = None  # type: ignore[assignment]  # `import wandb` raises ImportError
     try:
         from megatron.core import jit
     finally:
         torch.compile = compile_
+        if hide_wandb and sys.modules.get("wandb", False) is None:
+            del sys.modules["wandb"]
     jit.disable_jit_fuser()
 
 

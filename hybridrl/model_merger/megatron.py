@@ -2,7 +2,9 @@
 
     hf_to_mcore(hf_dir, out, tp, pp)   T*P spawned processes each read only their shards from the HF
                                        safetensors and save them as a model-only dist checkpoint
-                                       (MoE models: experts spread over ep ranks, split over etp)
+                                       (MoE models: experts spread over ep ranks, split over etp;
+                                       *ForTokenClassification / *ForSequenceClassification: with the
+                                       value head `score`, a critic checkpoint)
     mcore_to_hf(ckpt_dir, out)          one process loads the dist checkpoint (any saved layout) at
                                        tp=pp=1, streams HF tensors through export_hf_weights and
                                        writes safetensors + config + tokenizer files
@@ -59,18 +61,24 @@ def hf_to_mcore(hf_dir: str, out: str, tp: int, pp: int, timeout_s: float = 3600
     arch = arch_from_hf(hf_dir)  # FileNotFoundError / UnsupportedModelError name the file or field
     check_layout(arch, tp, pp, None, names=("--tp", "--pp", "--vpp"))  # heads, kv heads, layers must divide
     check_expert_layout(arch, tp, ep, etp, names=("--ep", "--etp"))
-    SafetensorsReader(hf_dir)  # weights present and indexed
+    reader = SafetensorsReader(hf_dir)  # weights present and indexed
+    value_head, head_bias = score_head(hf_dir)
+    missing = [n for n in ("score.weight", "score.bias")[:1 + head_bias] if value_head and not reader.has(n)]
+    if missing:  # the trainer would start such a head fresh; a conversion must not invent weights
+        raise FileNotFoundError(f"{hf_dir}: config.json names a score-head model but its safetensors lack "
+                                f"{', '.join(missing)}")
     if os.path.isdir(out) and os.listdir(out):
         raise FileExistsError(f"--out {out} exists and is not empty; choose a new folder")
     world = pp * math.lcm(tp, ep * (etp or tp))  # a stage's experts may span data-parallel ranks
-    log(f"{hf_dir} ({arch.model_type}, {arch.num_layers} layers) -> {out} at tp={tp} pp={pp}"
-        + (f" ep={ep} etp={etp or tp}" if arch.is_moe else "") + f": {world} processes")
+    log(f"{hf_dir} ({arch.model_type}, {arch.num_layers} layers"
+        + (", value head score" + (" with bias" if head_bias else "") if value_head else "")
+        + f") -> {out} at tp={tp} pp={pp}" + (f" ep={ep} etp={etp or tp}" if arch.is_moe else "") + f": {world} processes")
     start = time.time()
     import torch.multiprocessing as mp
 
     port = free_port("127.0.0.1")
-    ctx = mp.start_processes(_hf_to_mcore_rank, args=(world, port, hf_dir, out, tp, pp, ep, etp), nprocs=world,
-                             join=False, start_method="spawn")
+    ctx = mp.start_processes(_hf_to_mcore_rank, args=(world, port, hf_dir, out, tp, pp, ep, etp, value_head, head_bias),
+                             nprocs=world, join=False, start_method="spawn")
     deadline = time.time() + timeout_s
     while not ctx.join(timeout=5):
         if time.time() > deadline:
@@ -81,8 +89,26 @@ def hf_to_mcore(hf_dir: str, out: str, tp: int, pp: int, timeout_s: float = 3600
     log(f"done in {time.time() - start:.1f}s: {out}")
 
 
+def score_head(hf_dir: str) -> tuple[bool, bool]:
+    """(value head, its bias) of an HF folder: a *ForTokenClassification / *ForSequenceClassification model (a critic
+    or reward model, verl's critic format) converts with its `score` head, which a causal LM's mapping would drop;
+    num_labels must be 1, as the critic and the reward model read one value per token."""
+    from hybridrl.adapters.megatron.hf_config import UnsupportedModelError, load_hf_config, score_head_has_bias
+    from hybridrl.adapters.megatron.reward_model import SCORE_ARCHITECTURES
+
+    cfg = load_hf_config(hf_dir)
+    archs = list(getattr(cfg, "architectures", None) or [])
+    if not any(a.endswith(SCORE_ARCHITECTURES) for a in archs):
+        return False, False
+    labels = int(getattr(cfg, "num_labels", 1))
+    if labels != 1:
+        raise UnsupportedModelError(f"{hf_dir}/config.json: num_labels={labels} for {archs}; a critic or reward model "
+                                    "has one label (num_labels=1)")
+    return True, score_head_has_bias(cfg)
+
+
 def _hf_to_mcore_rank(rank: int, world: int, port: int, hf_dir: str, out: str, tp: int, pp: int, ep: int,
-                      etp: Optional[int]) -> None:
+                      etp: Optional[int], value_head: bool = False, head_bias: bool = False) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     from hybridrl.adapters.megatron import checkpoint, compat, parallel
@@ -99,15 +125,17 @@ def _hf_to_mcore_rank(rank: int, world: int, port: int, hf_dir: str, out: str, t
     # sequence_parallel: MoE models with tp > 1 need it to train (builder.py); it changes no weight
     layout = parallel.layout_for(world, tp=tp, pp=pp, ep=ep, etp=etp, sequence_parallel=arch.is_moe)
     parallel.init_megatron(layout, seed=0)
-    chunks = build_model(arch, layout, overrides={"perform_initialization": False})
-    n = load_hf_weights(chunks, hf_dir, arch, layout)
+    chunks = build_model(arch, layout, value_head=value_head, overrides={"perform_initialization": False},
+                         head_bias=head_bias)
+    n = load_hf_weights(chunks, hf_dir, arch, layout, value_head=value_head, head_bias=head_bias)
     from megatron.core import parallel_state as ps
 
     where = f"tp rank {ps.get_tensor_model_parallel_rank()}, pp stage {ps.get_pipeline_model_parallel_rank()}"
     if arch.is_moe:
         where += f", ep rank {ps.get_expert_model_parallel_rank()}"
     print(f"{PREFIX} rank {rank}: read {n} tensors for {where}", flush=True)
-    model = ConvertedModel(Engine(chunks, layout), arch, layout, hf_dir, hf_config,
+    model = ConvertedModel(Engine(chunks, layout), arch, layout, hf_dir, hf_config, value_head=value_head,
+                           head_bias=head_bias, role="critic" if value_head else "actor",
                            megatron=MegatronConfig(use_distributed_optimizer=False))
     checkpoint.save(out, model)
     if rank == 0:

@@ -169,3 +169,56 @@ def test_expert_layout_that_does_not_divide_the_experts_names_the_flag(moe_model
 
     with pytest.raises(ValueError, match=r"num_experts=8 is not divisible by --ep=3"):
         hf_to_mcore(moe_model, str(tmp_path / "out"), 1, 1, ep=3)
+
+
+# ------------------------------------------------------------------------------------------ a critic's folder
+def make_token_classifier(folder: str, num_labels: int = 1) -> str:
+    """A tiny Qwen2ForTokenClassification (verl's critic format): `score.weight` and `score.bias`, tied embeddings
+    that the head must not share."""
+    import transformers
+
+    cfg = transformers.Qwen2Config(vocab_size=tiny.VOCAB, hidden_size=64, intermediate_size=112, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                   tie_word_embeddings=True, num_labels=num_labels, pad_token_id=0)
+    torch.manual_seed(3)
+    model = transformers.Qwen2ForTokenClassification(cfg).float()
+    with torch.no_grad():
+        model.score.bias.normal_(0.0, 0.5)  # a lost bias would show as zeros
+    model.save_pretrained(folder)
+    return folder
+
+
+def test_a_critic_folder_converts_with_its_score_head_and_back_bitwise(tmp_path):
+    """hf-to-mcore of a *ForTokenClassification folder keeps its value head `score` (weight and bias) through a
+    pp2 checkpoint, which records a critic with a biased head, and mcore-to-hf gives back every tensor bitwise."""
+    hf = make_token_classifier(str(tmp_path / "critic"))
+    out, back = str(tmp_path / "mcore"), str(tmp_path / "hf")
+    proc = launch.run([sys.executable, "-m", "hybridrl", "convert", "hf-to-mcore", "--hf-dir", hf, "--out", out,
+                       "--tp", "1", "--pp", "2"], CLI_TIMEOUT)
+    assert "value head score with bias" in proc.stdout
+    meta = json.load(open(os.path.join(out, "meta.json")))
+    assert (meta["value_head"], meta["head_bias"], meta["role"]) == (True, True, "critic")
+    launch.run([sys.executable, "-m", "hybridrl", "convert", "mcore-to-hf", "--ckpt-dir", out, "--out", back],
+               CLI_TIMEOUT)
+    want, got = load_safetensors(hf), load_safetensors(back)
+    assert {"score.weight", "score.bias"} <= set(want) and set(got) == set(want)
+    for name, t in want.items():
+        assert torch.equal(got[name], t), name
+
+
+def test_a_score_head_folder_with_two_labels_or_no_score_weights_is_refused(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from hybridrl.adapters.megatron.hf_config import UnsupportedModelError
+    from hybridrl.model_merger.megatron import hf_to_mcore
+
+    two = make_token_classifier(str(tmp_path / "two"), num_labels=2)
+    with pytest.raises(UnsupportedModelError, match="num_labels=2"):
+        hf_to_mcore(two, str(tmp_path / "out"), 1, 1)
+    headless = make_token_classifier(str(tmp_path / "headless"))
+    weights = load_file(os.path.join(headless, "model.safetensors"))
+    save_file({k: v for k, v in weights.items() if not k.startswith("score.")},
+              os.path.join(headless, "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(FileNotFoundError, match="lack score.weight, score.bias"):
+        hf_to_mcore(headless, str(tmp_path / "out"), 1, 1)
+    assert not (tmp_path / "out").exists()

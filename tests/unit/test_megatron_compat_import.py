@@ -1,5 +1,6 @@
 """compat.apply() on CPU imports megatron-core without its torch.compile fuser (compat._import_megatron_without_compile):
-the decoration alone imported inductor and dynamo, ~2.5 CPU-s of every worker, torchrun rank and CLI start-up."""
+the decoration alone imported inductor and dynamo, ~2.5 CPU-s of every worker, torchrun rank and CLI start-up; and
+without wandb, which megatron's inference context imported for metrics hybridrl never logs (~0.8 CPU-s)."""
 from __future__ import annotations
 
 import os
@@ -19,6 +20,11 @@ from megatron.core import jit
 from megatron.core.fusions import fused_bias_geglu
 print(torch.compile is compile_, jit.jit_fuser is jit.noop_decorator,
       fused_bias_geglu.geglu.__code__.co_filename == fused_bias_geglu.__file__, "torch._inductor.compile_fx" in sys.modules)
+from megatron.core.inference.contexts import dynamic_context
+from megatron.core import timers
+print(dynamic_context.HAVE_WANDB, timers.wandb is None, "wandb" in sys.modules)
+import wandb  # hybridrl's logger: wandb was hidden from megatron's import only
+print(wandb.__name__)
 """
 
 
@@ -28,4 +34,4 @@ def test_apply_imports_megatron_with_its_fuser_off_and_torch_compile_put_back():
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     # megatron's fused geglu is its own code, not dynamo's wrapper (eval_frame.py) as a plain import makes it
-    assert out.stdout.split() == ["True", "True", "True", "False"], out.stdout
+    assert out.stdout.split() == ["True", "True", "True", "False", "False", "True", "False", "wandb"], out.stdout
