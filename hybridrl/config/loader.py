@@ -126,6 +126,11 @@ def all_keys(cls: type = PPOConfig, prefix: str = "") -> list[str]:
 
 def _field_type(path: list[str], cls: type = PPOConfig) -> tuple[Any, bool]:
     """(declared type, inside_free_dict) of a dotted path; KeyError if the schema has no such key."""
+    return _field_type_of(tuple(path), cls)
+
+
+@functools.lru_cache(maxsize=None)  # the schema is fixed: a merge asks the same paths for every config it composes
+def _field_type_of(path: tuple[str, ...], cls: type) -> tuple[Any, bool]:
     tp: Any = cls
     for i, part in enumerate(path):
         inner, _ = _unwrap_optional(tp)
@@ -203,11 +208,7 @@ def load_yaml(path: str, _seen: Optional[set] = None) -> dict:
         raise ConfigError(f"{path}: `defaults` include each other in a cycle")
     if not os.path.isfile(path):
         raise ConfigError(f"config file not found: {path}")
-    with open(path) as f:
-        try:
-            data = yaml.safe_load(f) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: not valid YAML: {e}") from e
+    data = _parsed_yaml(path)
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections")
     tree: dict = {}
@@ -219,6 +220,23 @@ def load_yaml(path: str, _seen: Optional[set] = None) -> dict:
             sub = os.path.join(CONFIG_DIR, f"{name}.yaml")
         tree = _deep_update(tree, load_yaml(sub, _seen | {path}))
     return _deep_update(tree, fold_aliases(data, path))
+
+
+_PARSED: dict[tuple[str, bytes], Any] = {}
+
+
+def _parsed_yaml(path: str) -> Any:
+    """The file's YAML, parsed once per content of the file: `hybridrl plan --search` composes the config once per
+    candidate layout (hundreds), and parsing the same dozen files again was 80% of its time. A copy each call:
+    load_yaml takes `defaults` out of what it gets."""
+    with open(path, "rb") as f:
+        key = (path, f.read())
+    if key not in _PARSED:
+        try:
+            _PARSED[key] = yaml.safe_load(key[1].decode("utf-8")) or {}
+        except (yaml.YAMLError, UnicodeDecodeError) as e:
+            raise ConfigError(f"{path}: not valid YAML: {e}") from e
+    return copy.deepcopy(_PARSED[key])
 
 
 def _deep_update(base: dict, update: dict) -> dict:

@@ -375,3 +375,17 @@ def test_megatron_cpu_optimizer_offload_beside_the_hybrid_engine_is_noted():
     assert any("optimizer_cpu_offload=true" in n and "host" in n for n in noted.derived.notes)
     plain = validate(load_config(base, config_name="grpo_trainer"), cuda_available=False)
     assert not any("optimizer_cpu_offload" in n for n in plain.derived.notes)
+
+
+def test_a_yaml_file_is_parsed_once_per_content_and_each_caller_gets_its_own_copy(tmp_path):
+    """load_yaml caches the parse (plan --search composes hundreds of configs): a rewritten file, even of the same
+    size within the same clock tick, is read anew, and a caller changing what it got changes no later load."""
+    from hybridrl.config.loader import load_yaml
+
+    path = tmp_path / "c.yaml"
+    path.write_text("trainer:\n  total_epochs: 1\n")
+    first = load_yaml(str(path))
+    first["trainer"]["total_epochs"] = 99
+    assert load_yaml(str(path)) == {"trainer": {"total_epochs": 1}}
+    path.write_text("trainer:\n  total_epochs: 2\n")  # same size
+    assert load_yaml(str(path)) == {"trainer": {"total_epochs": 2}}
