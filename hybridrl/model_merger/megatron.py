@@ -92,19 +92,14 @@ def hf_to_mcore(hf_dir: str, out: str, tp: int, pp: int, timeout_s: float = 3600
 def score_head(hf_dir: str) -> tuple[bool, bool]:
     """(value head, its bias) of an HF folder: a *ForTokenClassification / *ForSequenceClassification model (a critic
     or reward model, verl's critic format) converts with its `score` head, which a causal LM's mapping would drop;
-    num_labels must be 1, as the critic and the reward model read one value per token."""
-    from hybridrl.adapters.megatron.hf_config import UnsupportedModelError, load_hf_config, score_head_has_bias
-    from hybridrl.adapters.megatron.reward_model import SCORE_ARCHITECTURES
+    the reward model's check refuses num_labels != 1."""
+    from hybridrl.adapters.megatron.hf_config import load_hf_config
+    from hybridrl.adapters.megatron.reward_model import SCORE_ARCHITECTURES, score_head_bias
 
     cfg = load_hf_config(hf_dir)
-    archs = list(getattr(cfg, "architectures", None) or [])
-    if not any(a.endswith(SCORE_ARCHITECTURES) for a in archs):
+    if not any(a.endswith(SCORE_ARCHITECTURES) for a in getattr(cfg, "architectures", None) or []):
         return False, False
-    labels = int(getattr(cfg, "num_labels", 1))
-    if labels != 1:
-        raise UnsupportedModelError(f"{hf_dir}/config.json: num_labels={labels} for {archs}; a critic or reward model "
-                                    "has one label (num_labels=1)")
-    return True, score_head_has_bias(cfg)
+    return True, score_head_bias(cfg, hf_dir, key="--hf-dir")
 
 
 def _hf_to_mcore_rank(rank: int, world: int, port: int, hf_dir: str, out: str, tp: int, pp: int, ep: int,
